@@ -1,0 +1,1 @@
+"""Prompt sources, self-distillation by the target, datasets and feature caches."""

@@ -1,0 +1,1 @@
+"""headway core: configs, the target model, devices. Shared by data/, heads/, train/, inference/."""

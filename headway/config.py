@@ -1,0 +1,316 @@
+"""Typed YAML configs: one file per target model and method.
+
+    from headway.config import load_config
+    cfg = load_config("configs/smollm2-135m/medusa.yaml", ["train.lr=5e-4"])
+
+A YAML may start with `base: other.yaml` (relative to its own folder); its keys are
+merged under the file's own, so the data mix lives once and every recipe inherits it.
+Unknown keys, missing required keys and wrong types are errors that name the key and file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override does not fit the schema."""
+
+
+# ---------------------------------------------------------------- schema
+
+
+@dataclass
+class TargetConfig:
+    # "smollm2-135m-instruct" (built in, prepared offline), a Hugging Face id, or a local folder.
+    name: str = "smollm2-135m-instruct"
+    # auto: bf16 where supported (CUDA, and on CPU where it is faster), else fp32.
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # A Jinja chat template file for targets whose tokenizer has none (Vicuna). Paths are relative to the repo root.
+    chat_template: str | None = None
+    # Architecture facts, for the GPU configs: checked against the loaded model's config.
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    vocab_size: int | None = None
+
+
+@dataclass
+class SourceConfig:
+    path: str  # local .json/.jsonl file (relative to the repo root or the YAML) or a HF dataset id
+    domain: str  # chat, code, math, translation, summarization, qa, general, ...
+    num_prompts: int | None = None  # None: all usable prompts
+    split: str = "train"  # for HF dataset ids
+    # How a row becomes turns. auto recognises: turns, conversations/messages, instruction(+input), question, prompt.
+    format: Literal["auto", "turns", "conversations", "instruction", "question", "prompt"] = "auto"
+    name: str | None = None  # short name recorded per row; default: file stem
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    batch_size: int = 32
+    max_prompt_tokens: int = 1024  # longer prompts are skipped and counted, never truncated
+    max_turns: int = 2
+    shard_size: int = 256  # conversations per resumable shard
+
+
+@dataclass
+class DataConfig:
+    output_dir: str = "runs/data"
+    sources: list[SourceConfig] = field(default_factory=list)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    max_prompts_per_source: int | None = None  # caps every source's num_prompts (quick runs)
+    val_fraction: float = 0.05
+    seed: int = 0
+
+
+@dataclass
+class MedusaConfig:
+    num_heads: int = 4
+    num_layers: int = 1
+    draft_vocab_size: int | None = None  # None: the full target vocabulary
+    loss_decay: float = 0.8  # w_k = decay^k
+    lora: bool = False  # Medusa-2: train LoRA adapters on the target too
+    lora_r: int = 32
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    medusa2_lambda: float = 0.2  # weight of the heads' loss next to the target's KL
+    heads_only_steps: int = 0  # Medusa-2 stage 1: train the heads alone for this many steps
+    lora_lr_ratio: float = 0.25  # adapters' lr = train.lr * this
+
+
+@dataclass
+class EagleConfig:
+    version: Literal[1, 3] = 1
+    # EAGLE-3 feature layers; None: [2, L // 2, L - 3] as in the reference.
+    feature_layers: list[int] | None = None
+    draft_vocab_size: int | None = None  # EAGLE-3 reduced vocabulary; None: full target vocabulary
+    feature_norm: Literal["none", "per_dim"] = "per_dim"
+    feature_loss_weight: float = 1.0  # EAGLE-1 SmoothL1 weight
+    token_loss_weight: float = 0.1  # EAGLE-1 CE weight
+    noise: float = 0.2  # uniform noise amplitude on input features (EAGLE-1)
+    unroll_steps: int = 7  # EAGLE-3 training-time test
+    step_decay: float = 0.8
+    hidden_states: Literal["online", "offline"] = "online"
+    feature_cache_dir: str | None = None
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = "runs/train"
+    dataset_dir: str | None = None  # default: data.output_dir
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    warmup_ratio: float = 0.05
+    epochs: float = 1.0
+    max_steps: int | None = None
+    batch_size: int = 8  # sequences per device per micro-batch
+    grad_accum: int = 1
+    max_seq_len: int = 2048
+    grad_clip: float = 1.0
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    log_every: int = 10
+    eval_every: int = 200
+    save_every: int = 200
+    keep_checkpoints: int = 2
+    resume: Literal["auto", "never"] = "auto"
+    report_to: Literal["none", "wandb", "tensorboard"] = "none"
+    wandb_project: str = "headway"
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    seed: int = 0
+    num_workers: int = 0
+
+
+@dataclass
+class InferenceConfig:
+    tree: str = "auto"  # auto | chain | static | dynamic
+    tree_budget: int | Literal["auto"] = "auto"  # nodes verified per step
+    depth: int = 5
+    top_k: int = 8
+    temperature: float = 0.0
+    top_p: float = 1.0
+    acceptance: Literal["exact", "typical"] = "exact"
+
+
+@dataclass
+class EvalConfig:
+    questions: str = "data/prompts/spec_bench/question.jsonl"
+    per_domain: int = 10
+    max_new_tokens: int = 128
+    output_dir: str | None = None
+
+
+@dataclass
+class Config:
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    medusa: MedusaConfig | None = None
+    eagle: EagleConfig | None = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    # Where the file came from, for messages and relative paths; not a YAML key.
+    source_file: str | None = field(default=None, metadata={"internal": True})
+
+    @property
+    def method(self) -> str:
+        if self.medusa is not None:
+            return "medusa"
+        if self.eagle is not None:
+            return f"eagle{self.eagle.version}" if self.eagle.version != 1 else "eagle"
+        return "data"
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, schema: type = Config) -> Any:
+    """Read a YAML (following `base:`), apply `section.key=value` overrides, build the dataclass."""
+    path = Path(path)
+    raw = _read_yaml_with_base(path, seen=())
+    for item in overrides or []:
+        _apply_override(raw, item, path)
+    cfg = from_dict(schema, raw, where=str(path))
+    if hasattr(cfg, "source_file"):
+        cfg.source_file = str(path)
+    return cfg
+
+
+def _read_yaml_with_base(path: Path, seen: tuple[Path, ...]) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: `base:` chain loops back to itself")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    parent = _read_yaml_with_base(path.parent / base, seen + (path.resolve(),))
+    return _merge(parent, raw)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _apply_override(raw: dict, item: str, path: Path) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form section.key=value")
+    dotted, value = item.split("=", 1)
+    keys = dotted.strip().split(".")
+    node = raw
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {k!r} is not a section in {path}")
+    node[keys[-1]] = yaml.safe_load(value) if value.strip() else None
+
+
+def from_dict(cls: type, data: Any, where: str, key: str = "") -> Any:
+    """Build dataclass `cls` from `data`, naming the key and file on any mismatch."""
+    label = key or "<top level>"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: {label} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        prefix = f"{key}." if key else ""
+        known = ", ".join(sorted(fields))
+        raise ConfigError(f"{where}: unknown key {prefix + unknown[0]!r} (known keys here: {known})")
+    kwargs = {}
+    for name, f in fields.items():
+        sub = f"{key}.{name}" if key else name
+        if name in data:
+            kwargs[name] = _coerce(hints[name], data[name], where, sub)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{where}: missing required key {sub!r}")
+    return cls(**kwargs)
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    err = ConfigError(f"{where}: key {key!r} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    if origin in (typing.Union, types.UnionType):
+        for arm in typing.get_args(tp):
+            try:
+                return _coerce(arm, value, where, key)
+            except ConfigError:
+                continue
+        raise err
+    if origin is Literal:
+        if value in typing.get_args(tp) and not isinstance(value, bool):
+            return value
+        raise err
+    if tp is type(None):
+        if value is None:
+            return None
+        raise err
+    if origin is list:
+        if not isinstance(value, list):
+            raise err
+        (inner,) = typing.get_args(tp)
+        return [_coerce(inner, v, where, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise err
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise err
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise err from None
+        raise err
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise err
+    if tp is Any:
+        return value
+    raise ConfigError(f"{where}: key {key!r} has an unsupported type {tp!r} in the schema")
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,1 @@
+"""Tree verification: drafting interface, trees, acceptance rules, the decoding engine, reports."""

@@ -1,0 +1,1 @@
+"""One training loop (accelerate) and thin entry scripts per method."""
