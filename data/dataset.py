@@ -13,9 +13,26 @@ from pathlib import Path
 
 import torch
 
-COLUMNS = ("input_ids", "loss_mask", "domain", "source", "prompt_id", "num_turns")
+COLUMNS = ("input_ids", "loss_mask", "domain", "source", "prompt_id", "num_turns", "finished")
 DATASET_SUBDIR = "dataset"
 META_FILE = "meta.json"
+
+
+def features():
+    """The dataset's column types (int32 ids and int8 masks keep it small on disk)."""
+    from datasets import Features, List, Value
+
+    return Features(
+        {
+            "input_ids": List(Value("int32")),
+            "loss_mask": List(Value("int8")),
+            "domain": Value("string"),
+            "source": Value("string"),
+            "prompt_id": Value("string"),
+            "num_turns": Value("int32"),
+            "finished": Value("bool"),
+        }
+    )
 
 
 def load_distilled(output_dir: str | Path):

@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from data.chat import first_turn_ids, next_turn_ids
-from data.dataset import DATASET_SUBDIR, META_FILE
+from data.dataset import COLUMNS, DATASET_SUBDIR, META_FILE, features
 from data.generate import generate_batch
 from data.sources import Conversation, load_conversations
 from headway.config import Config
@@ -172,8 +172,12 @@ def plan(cfg: Config, tok) -> tuple[list[list[tuple[Conversation, list[int]]]], 
     return [kept[i : i + size] for i in range(0, len(kept), size)], skipped
 
 
-def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print) -> dict:
-    """Generate (or finish generating) the dataset of `cfg.data`; return the summary."""
+def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fingerprint: dict | None = None) -> dict:
+    """Generate (or finish generating) the dataset of `cfg.data`; return the summary.
+
+    `after_shard(k)` runs after shard k is saved (tests interrupt there); `fingerprint` replaces
+    the target's computed identity (for stand-in models in tests).
+    """
     from accelerate import PartialState
 
     from headway.target import load_target, pick_device, target_fingerprint
@@ -183,7 +187,7 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print) -> d
         device = pick_device(cfg.target.device) if cfg.target.device != "auto" or state.num_processes == 1 else state.device
         model, tok = load_target(cfg.target, device=device)
     out = Path(cfg.data.output_dir)
-    ident = identity(cfg, target_fingerprint(model, tok, cfg.target.name), model.dtype)
+    ident = identity(cfg, fingerprint or target_fingerprint(model, tok, cfg.target.name), model.dtype)
     if state.is_main_process:
         check_or_write_meta(out, ident)
     state.wait_for_everyone()
@@ -239,11 +243,18 @@ def assemble(cfg: Config, out: Path, n_shards: int, prompt_skips: Counter, run_s
     if not rows:
         raise RuntimeError("no prompt produced a row: see the skipped counts above")
     meta = json.loads((out / META_FILE).read_text())
-    info = DatasetInfo(description=json.dumps(meta["identity"]))  # settings and target travel with the data
+    info = DatasetInfo(description=json.dumps(meta["identity"]), features=features())  # settings and target travel with the data
+    if len(rows) < 2:
+        raise RuntimeError(f"only {len(rows)} example was generated: a train/validation split needs at least 2")
     split = defaultdict(list)
     for r in rows:
         split["validation" if is_validation(r["prompt_id"], cfg.data.val_fraction) else "train"].append(r)
-    dd = DatasetDict({name: Dataset.from_list(split[name], info=info) for name in ("train", "validation")})
+    for src, dst in (("train", "validation"), ("validation", "train")):
+        if not split[dst]:  # tiny runs: keep both splits non-empty, deterministically
+            r = min(split[src], key=lambda r: zlib.crc32(r["prompt_id"].encode()))
+            split[src].remove(r)
+            split[dst].append(r)
+    dd = DatasetDict({name: Dataset.from_dict({c: [r[c] for r in split[name]] for c in COLUMNS}, features=features(), info=info) for name in ("train", "validation")})
     target = out / DATASET_SUBDIR
     tmp = out / (DATASET_SUBDIR + ".tmp")
     dd.save_to_disk(str(tmp))

@@ -1,0 +1,269 @@
+"""Self-distillation: loss mask, batched generation, resume after interruption, skips, refusals."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import data.distill as distill_mod
+from data.chat import first_turn_ids
+from data.dataset import collate, load_distilled
+from data.distill import OutputMismatchError, distill
+from data.generate import generate_batch
+from data.sources import load_conversations, row_turns
+from headway.config import Config, DataConfig, GenerationConfig, SourceConfig
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _cfg(tmp_path, src, **gen) -> Config:
+    g = dict(max_new_tokens=12, batch_size=3, shard_size=2, max_prompt_tokens=200, max_turns=2)
+    g.update(gen)
+    return Config(
+        data=DataConfig(
+            output_dir=str(tmp_path / "out"),
+            sources=[SourceConfig(path=str(src), domain="chat")],
+            generation=GenerationConfig(**g),
+            val_fraction=0.3,
+        )
+    )
+
+
+PROMPTS = [
+    {"turns": ["Name a colour.", "And another one?"]},
+    {"turns": ["What is 2+2?"]},
+    {"turns": ["Write a haiku about rain.", "Now one about snow."]},
+    {"turns": ["Say hi."]},
+    {"turns": ["List three fruits."]},
+]
+
+
+class ScriptedModel(torch.nn.Module):
+    """Emits token 1000 + position % 7, and EOS at every position divisible by 5: answers of known shape."""
+
+    def __init__(self, vocab=49152, eos=2):
+        super().__init__()
+        self.vocab, self.eos = vocab, eos
+        self.config = SimpleNamespace(max_position_embeddings=4096)
+        self.generation_config = SimpleNamespace(eos_token_id=eos)
+        self.dummy = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+
+    @property
+    def device(self):
+        return self.dummy.device
+
+    @property
+    def dtype(self):
+        return torch.float32
+
+    def forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep=0, **_):
+        nxt = position_ids + 1
+        tok = torch.where(nxt % 5 == 0, torch.full_like(nxt, self.eos), 1000 + nxt % 7)
+        logits = torch.nn.functional.one_hot(tok, self.vocab).float()
+        return SimpleNamespace(logits=logits)
+
+
+def test_loss_mask_covers_exactly_the_generated_tokens(tmp_path, smol_tok):
+    src = _write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    cfg = _cfg(tmp_path, src, max_new_tokens=9)
+    model = ScriptedModel()
+    summary = distill(cfg, model=model, tok=smol_tok, log=lambda *_: None, fingerprint={"name": "scripted"})
+    ds = load_distilled(cfg.data.output_dir)
+    rows = list(ds["train"]) + list(ds["validation"])
+    assert len(rows) == len(PROMPTS) == summary["examples"]
+    for row in rows:
+        ids, mask = row["input_ids"], row["loss_mask"]
+        assert len(ids) == len(mask)
+        turns = next(p["turns"] for i, p in enumerate(PROMPTS) if row["prompt_id"].endswith(f":{i}"))
+        assert row["num_turns"] == len(turns)
+        # Masked runs are exactly the scripted answers: 1000 + pos % 7 tokens, ended by EOS at pos % 5 == 0.
+        runs, cur = [], []
+        for pos, (t, m) in enumerate(zip(ids, mask, strict=True)):
+            if m:
+                assert t == (2 if pos % 5 == 0 else 1000 + pos % 7)
+                cur.append(t)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        runs += [cur] if cur else []
+        assert len(runs) == len(turns)
+        assert all(r[-1] == 2 for r in runs), "each answer ends with the EOS the target produced"
+        # Unmasked tokens are exactly the chat template around those answers.
+        messages = []
+        for user, run in zip(turns, runs, strict=True):
+            messages += [
+                {"role": "user", "content": user},
+                {"role": "assistant", "content": smol_tok.decode(run[:-1])},
+            ]
+        rendered = smol_tok.apply_chat_template(messages, tokenize=False)
+        assert smol_tok.decode(ids) == rendered.rstrip("\n")
+
+
+def test_loss_mask_on_real_target(tmp_path, smol_tok, smol_fp32):
+    src = _write_jsonl(tmp_path / "p.jsonl", PROMPTS[:2])
+    cfg = _cfg(tmp_path, src, max_new_tokens=10)
+    distill(cfg, model=smol_fp32, tok=smol_tok, log=lambda *_: None)
+    ds = load_distilled(cfg.data.output_dir)
+    row = next(r for r in list(ds["train"]) + list(ds["validation"]) if r["prompt_id"].endswith(":0"))
+    ids, mask = row["input_ids"], row["loss_mask"]
+    first = first_turn_ids(smol_tok, PROMPTS[0]["turns"][0])
+    assert ids[: len(first)] == first and not any(mask[: len(first)])
+    answer1 = ids[len(first) : len(first) + 10]
+    assert mask[len(first) : len(first) + len(answer1)] == [1] * len(answer1)
+    # Plain greedy decoding of the first turn gives the same answer tokens.
+    ref = smol_fp32.generate(torch.tensor([first]), max_new_tokens=10, do_sample=False)[0, len(first) :].tolist()
+    assert answer1[: len(ref)] == ref
+    assert row["num_turns"] == 2 and sum(mask) > len(answer1)
+    # The second user turn is template (mask 0) text.
+    unmasked = smol_tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+    assert "And another one?" in unmasked and "And another one?" not in smol_tok.decode(
+        [t for t, m in zip(ids, mask, strict=True) if m]
+    )
+
+
+def test_batched_generation_equals_one_at_a_time(tiny_smol_vocab, smol_tok):
+    prompts = [first_turn_ids(smol_tok, p["turns"][0]) for p in PROMPTS]
+    eos = {smol_tok.eos_token_id}
+    batched = generate_batch(tiny_smol_vocab, prompts, 16, eos, smol_tok.pad_token_id)
+    for p, ans in zip(prompts, batched, strict=True):
+        alone = generate_batch(tiny_smol_vocab, [p], 16, eos, smol_tok.pad_token_id)[0]
+        assert ans.tokens == alone.tokens
+    # and both equal transformers' own greedy generate
+    ref = tiny_smol_vocab.generate(torch.tensor([prompts[1]]), max_new_tokens=16, do_sample=False)
+    assert ref[0, len(prompts[1]) :].tolist() == batched[1].tokens
+
+
+def test_rows_leave_the_batch_at_eos(smol_tok):
+    model = ScriptedModel()
+    prompts = [list(range(10, 10 + n)) for n in (3, 6, 8)]
+    out = generate_batch(model, prompts, 20, {2}, smol_tok.pad_token_id)
+    for p, a in zip(prompts, out, strict=True):
+        assert a.finished and a.tokens[-1] == 2 and 2 not in a.tokens[:-1]
+        assert (len(p) - 1 + len(a.tokens)) % 5 == 0  # stopped at the first EOS position
+
+
+def test_sampling_is_seeded(tiny_smol_vocab, smol_tok):
+    prompts = [first_turn_ids(smol_tok, "Hello")]
+    a = generate_batch(tiny_smol_vocab, prompts, 8, {2}, 2, temperature=1.0, top_p=0.9, seed=3)
+    b = generate_batch(tiny_smol_vocab, prompts, 8, {2}, 2, temperature=1.0, top_p=0.9, seed=3)
+    c = generate_batch(tiny_smol_vocab, prompts, 8, {2}, 2, temperature=1.0, top_p=0.9, seed=4)
+    assert a[0].tokens == b[0].tokens and a[0].tokens != c[0].tokens
+
+
+def _all_rows(out_dir):
+    ds = load_distilled(out_dir)
+    return sorted((r["prompt_id"], tuple(r["input_ids"]), tuple(r["loss_mask"])) for s in ds.values() for r in s)
+
+
+def test_resume_after_interruption(tmp_path, tiny_smol_vocab, smol_tok, monkeypatch):
+    src = _write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    quiet = dict(log=lambda *_: None)
+    # batch_size 1: every shard takes several generate calls, so the run can die inside one.
+    ref_cfg = _cfg(tmp_path / "ref", src, batch_size=1)
+    distill(ref_cfg, model=tiny_smol_vocab, tok=smol_tok, **quiet)
+
+    cfg = _cfg(tmp_path, src, batch_size=1)
+    # Interrupt between shards: shard 0 is written, then the run dies.
+    def stop(k):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        distill(cfg, model=tiny_smol_vocab, tok=smol_tok, after_shard=stop, **quiet)
+    shards = tmp_path / "out" / "shards"
+    assert sorted(p.name for p in shards.glob("*.json")) == ["shard-00000.json"]
+    first_mtime = (shards / "shard-00000.json").stat().st_mtime_ns
+
+    # Interrupt in the middle of shard 1: nothing of it may be kept.
+    real = distill_mod.generate_batch
+    calls = {"n": 0}
+
+    def dies_on_second_call(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(distill_mod, "generate_batch", dies_on_second_call)
+    with pytest.raises(KeyboardInterrupt):
+        distill(cfg, model=tiny_smol_vocab, tok=smol_tok, **quiet)
+    monkeypatch.setattr(distill_mod, "generate_batch", real)
+    assert sorted(p.name for p in shards.glob("*.json")) == ["shard-00000.json"]
+
+    done = []
+    distill(cfg, model=tiny_smol_vocab, tok=smol_tok, after_shard=done.append, **quiet)
+    assert done == [1, 2], "finished shards are not generated again"
+    assert (shards / "shard-00000.json").stat().st_mtime_ns == first_mtime
+    rows = _all_rows(cfg.data.output_dir)
+    assert len({r[0] for r in rows}) == len(rows) == len(PROMPTS), "no row lost or duplicated"
+    assert rows == _all_rows(ref_cfg.data.output_dir), "same rows as an uninterrupted run"
+
+
+def test_overlong_prompts_are_skipped_and_counted(tmp_path, tiny_smol_vocab, smol_tok):
+    long_prompt = {"turns": ["word " * 400]}
+    src = _write_jsonl(tmp_path / "p.jsonl", PROMPTS[:3] + [long_prompt])
+    cfg = _cfg(tmp_path, src, max_prompt_tokens=120)
+    summary = distill(cfg, model=tiny_smol_vocab, tok=smol_tok, log=lambda *_: None)
+    assert summary["examples"] == 3
+    assert summary["skipped"] == {"prompt longer than max_prompt_tokens=120": 1}
+    assert all(len(r[1]) < 400 for r in _all_rows(cfg.data.output_dir))
+
+
+def test_output_dir_with_other_settings_is_refused(tmp_path, tiny_smol_vocab, smol_tok):
+    src = _write_jsonl(tmp_path / "p.jsonl", PROMPTS[:2])
+    cfg = _cfg(tmp_path, src)
+    distill(cfg, model=tiny_smol_vocab, tok=smol_tok, log=lambda *_: None)
+    before = sorted(p.name for p in (tmp_path / "out").rglob("*"))
+    cfg.data.generation.max_new_tokens = 64
+    with pytest.raises(OutputMismatchError, match="generation.max_new_tokens: was 12, now 64"):
+        distill(cfg, model=tiny_smol_vocab, tok=smol_tok, log=lambda *_: None)
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before, "nothing written is lost"
+    # A different target (another random init) is refused too.
+    from headway.target import tiny_llama
+
+    cfg.data.generation.max_new_tokens = 12
+    other = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2, seed=1)
+    with pytest.raises(OutputMismatchError, match="target.embedding_probe"):
+        distill(cfg, model=other, tok=smol_tok, log=lambda *_: None)
+
+
+def test_source_errors_name_the_file(tmp_path):
+    missing = DataConfig(sources=[SourceConfig(path=str(tmp_path / "nope.jsonl"), domain="chat")])
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_conversations(missing)
+    empty = _write_jsonl(tmp_path / "empty.jsonl", [{"foo": 1}])
+    with pytest.raises(ValueError, match="empty.jsonl has no usable prompts"):
+        load_conversations(DataConfig(sources=[SourceConfig(path=str(empty), domain="chat")]))
+
+
+def test_row_formats():
+    assert row_turns({"turns": ["a", "b"]}, "auto") == ["a", "b"]
+    sharegpt = {"conversations": [{"from": "human", "value": "q1"}, {"from": "gpt", "value": "x"}, {"from": "human", "value": "q2"}]}
+    assert row_turns(sharegpt, "auto") == ["q1", "q2"]
+    assert row_turns({"conversations": [{"from": "gpt", "value": "x"}]}, "auto") == []
+    assert row_turns({"instruction": "Fix it.", "input": "code"}, "auto") == ["Fix it.\n\ncode"]
+    assert row_turns({"instruction": "Rewrite.", "instances": [{"input": "text", "output": "o"}]}, "auto") == ["Rewrite.\n\ntext"]
+    assert row_turns({"question": "2+2?", "answer": "4"}, "auto") == ["2+2?"]
+
+
+def test_default_mix_sources_parse():
+    from headway.config import load_config
+
+    cfg = load_config("configs/smollm2-135m/data.yaml")
+    convs, _ = load_conversations(cfg.data)
+    domains = {c.domain for c in convs}
+    assert domains == {"math", "code", "general"}
+    assert len({c.prompt_id for c in convs}) == len(convs)
+
+
+def test_collate_pads_right():
+    rows = [{"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}, {"input_ids": [8], "loss_mask": [1]}]
+    b = collate(rows, pad_id=0)
+    assert b["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert b["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
