@@ -89,6 +89,7 @@ class MedusaConfig:
     medusa2_lambda: float = 0.2  # weight of the heads' loss next to the target's KL
     heads_only_steps: int = 0  # Medusa-2 stage 1: train the heads alone for this many steps
     lora_lr_ratio: float = 0.25  # adapters' lr = train.lr * this
+    fc_bias: bool = True  # bias in the residual blocks' linears (the original Medusa has one)
 
 
 @dataclass
@@ -132,6 +133,9 @@ class TrainConfig:
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     seed: int = 0
     num_workers: int = 0
+    group_by_length: bool = True  # batch rows of similar length together (far less padding), order still random
+    max_eval_rows: int | None = None  # cap on validation rows per evaluation; None: the whole split
+    log_row_ids: bool = False  # write which dataset rows each rank trained on (rows_rank{r}.jsonl)
 
 
 @dataclass
