@@ -1,0 +1,62 @@
+"""Small helpers for benchmark scripts: wall time and peak memory of one call, on CPU or CUDA."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class Measurement:
+    seconds: float = 0.0
+    peak_bytes: int = 0  # CUDA: peak allocated; CPU: peak resident set growth during the call
+
+
+@contextmanager
+def measure(device: torch.device):
+    """`with measure(dev) as m: ...` fills m.seconds and m.peak_bytes."""
+    m = Measurement()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        t0 = time.perf_counter()
+        yield m
+        torch.cuda.synchronize(device)
+        m.seconds = time.perf_counter() - t0
+        m.peak_bytes = torch.cuda.max_memory_allocated(device) - base
+        return
+    base = peak = _rss_bytes() if os.path.exists("/proc/self/statm") else 0
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not stop.wait(0.005):
+            peak = max(peak, _rss_bytes())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    if base:
+        sampler.start()
+    t0 = time.perf_counter()
+    try:
+        yield m
+    finally:
+        m.seconds = time.perf_counter() - t0
+        stop.set()
+        if base:
+            sampler.join()
+            m.peak_bytes = max(0, peak - base)
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"

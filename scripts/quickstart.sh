@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The main job end to end on the built-in default (SmolLM2-135M-Instruct on this machine's CPU):
+# creates or reuses .venv, installs headway, prepares the target, then
+#   1. self-distills a small prompt mix          -> runs/quickstart/data
+# Outputs go under runs/quickstart/ (override with QUICKSTART_DIR). Rerunning resumes finished work.
+source "$(dirname "$0")/_env.sh"
+OUT=${QUICKSTART_DIR:-runs/quickstart}
+PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-32}
+start=$(date +%s)
+
+echo "== preparing the target"
+python scripts/prepare_target.py
+
+echo "== 1. self-distillation: the target answers $PROMPTS_PER_SOURCE prompts per source"
+python scripts/generate_data.py --config configs/smollm2-135m/data.yaml \
+  data.output_dir="$OUT/data" data.max_prompts_per_source="$PROMPTS_PER_SOURCE" \
+  data.generation.max_new_tokens=192
+
+echo "== done in $(( $(date +%s) - start )) s; outputs under $OUT/"
