@@ -1,0 +1,188 @@
+"""Medusa training objectives: Medusa-1 (frozen target) and Medusa-2 (LoRA on the target + KL to itself).
+
+    objective = MedusaObjective(heads, loss_decay=0.8)                 # features: FeatureSpec(final_normed=True)
+    objective = Medusa2Objective(peft_target, heads, loss_decay=0.8, lam=0.2, heads_only_steps=200, lora_lr_ratio=0.25)
+
+Head k (k = 1..K) reads the target's final normed hidden state at position t and predicts y[t+k+1].
+It is trained at t only when tokens t+1 .. t+k+1 are all target-generated (loss_mask 1): at inference t is
+the last accepted token and everything after it is generated, so a label that sits in a user turn (or
+past the answer's <|im_end|>) would teach the head something decoding never asks for.
+Loss: sum_k decay^k * CE_k, each CE averaged over its head's positions; a label outside the draft
+vocabulary is left out of the loss but counts as a miss in the accuracy metrics.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from heads.base import FeatureSpec, LossOutput, TargetFeatures
+from heads.medusa import MedusaHeads
+
+
+def _shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
+    """y[:, t] = x[:, t + n], `fill` past the end."""
+    out = torch.full_like(x, fill)
+    if n < x.shape[1]:
+        out[:, : x.shape[1] - n] = x[:, n:]
+    return out
+
+
+def medusa_head_targets(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, num_heads: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each head k = 1..K: (valid [B, T] bool, labels [B, T] target ids = input_ids[:, t+k+1])."""
+    m = loss_mask.bool()
+    run = _shift_left(m, 1, False)  # run[t]: tokens t+1 .. t+k+1 all generated
+    out = []
+    for k in range(1, num_heads + 1):
+        run = run & _shift_left(m, k + 1, False)
+        out.append((run, _shift_left(input_ids, k + 1, 0)))
+    return out
+
+
+def medusa_loss(
+    heads: MedusaHeads,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    decay: float,
+    topk: tuple[int, ...] = (1, 5),
+) -> LossOutput:
+    """Sum over heads of decay^k * CE, computed only at each head's valid positions (cheap: no [B, T, V'] tensor)."""
+    if hidden.shape[:2] != input_ids.shape:
+        raise ValueError(f"hidden states {tuple(hidden.shape)} do not match input_ids {tuple(input_ids.shape)}")
+    hidden = hidden.to(heads.lm_heads[0].weight.dtype)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    metrics: dict[str, torch.Tensor] = {}
+    for k0, (valid, labels) in enumerate(medusa_head_targets(input_ids, loss_mask, heads.config.num_heads)):
+        k = k0 + 1
+        h = hidden[valid]  # [N, h]
+        target_ids = labels[valid]
+        draft_ids = heads.to_draft_ids(target_ids)
+        logits = heads.head_logits(k0, h).float()  # [N, V']
+        in_vocab = draft_ids >= 0
+        n_vocab = int(in_vocab.sum())
+        if n_vocab > 0:
+            ce = F.cross_entropy(logits[in_vocab], draft_ids[in_vocab])
+        else:  # keep every weight in the graph (DDP expects gradients for all of them)
+            ce = logits.sum() * 0.0
+        total = total + (decay**k) * ce
+        metrics[f"head{k}/loss"] = ce.detach()
+        n = max(1, h.shape[0])
+        with torch.no_grad():
+            ranked = logits.topk(min(max(topk), logits.shape[-1]), dim=-1).indices if h.shape[0] else None
+            for j in topk:
+                hit = (ranked[:, :j] == draft_ids[:, None]).any(-1).sum() if ranked is not None else 0
+                metrics[f"head{k}/top{j}"] = torch.as_tensor(hit, dtype=torch.float32) / n
+        metrics[f"head{k}/positions"] = torch.tensor(float(h.shape[0]))
+    return LossOutput(loss=total, metrics=metrics)
+
+
+class MedusaObjective(nn.Module):
+    """Medusa-1: the heads alone on the frozen target's final normed hidden states."""
+
+    def __init__(self, heads: MedusaHeads, loss_decay: float = 0.8) -> None:
+        super().__init__()
+        self.heads = heads
+        self.loss_decay = loss_decay
+
+    def feature_spec(self) -> FeatureSpec:
+        return FeatureSpec(final_normed=True)
+
+    def training_loss(self, batch: dict[str, torch.Tensor], feats: TargetFeatures) -> LossOutput:
+        if feats.final_normed is None:
+            raise ValueError("Medusa heads need the target's final normed hidden state (features.final_normed)")
+        return medusa_loss(self.heads, feats.final_normed, batch["input_ids"], batch["loss_mask"], self.loss_decay)
+
+    def save_pretrained(self, folder) -> None:
+        self.heads.save_pretrained(folder)
+
+
+class Medusa2Objective(nn.Module):
+    """Medusa-2: LoRA adapters on the target and the heads, trained jointly.
+
+    loss = KL(target with adapters off || target with adapters) on the positions that predict a generated
+    token, + lam * Medusa loss (whose gradient also reaches the adapters). Stage 1 (the first
+    `heads_only_steps` optimizer steps) trains the heads alone: the target runs without gradients and the
+    adapters' lr stays 0; they then warm up at lr * lora_lr_ratio (heads 1/ratio times faster).
+    """
+
+    find_unused_parameters = True  # in stage 1 the adapters get no gradient
+
+    def __init__(
+        self,
+        target: nn.Module,  # a peft model with LoRA adapters
+        heads: MedusaHeads,
+        loss_decay: float = 0.8,
+        lam: float = 0.2,
+        heads_only_steps: int = 0,
+        lora_lr_ratio: float = 0.25,
+    ) -> None:
+        super().__init__()
+        if not hasattr(target, "disable_adapter"):
+            raise TypeError("Medusa-2 needs a peft model (get_peft_model(target, LoraConfig(...)))")
+        self.target = target
+        self.heads = heads
+        self.loss_decay = loss_decay
+        self.lam = lam
+        self.heads_only_steps = heads_only_steps
+        self.lora_lr_ratio = lora_lr_ratio
+        self.step = 0
+
+    def feature_spec(self) -> FeatureSpec:
+        return FeatureSpec()  # runs the target itself: the loop supplies no features
+
+    def set_step(self, step: int) -> None:
+        self.step = step
+
+    @property
+    def adapters_training(self) -> bool:
+        return self.step >= self.heads_only_steps
+
+    def param_groups(self, lr: float) -> list[dict]:
+        lora = [p for n, p in self.target.named_parameters() if p.requires_grad]
+        if not lora:
+            raise ValueError("the peft target has no trainable adapter weights")
+        return [
+            {"params": list(self.heads.parameters()), "lr": lr},
+            {"params": lora, "lr": lr * self.lora_lr_ratio, "start_step": self.heads_only_steps},
+        ]
+
+    def _final_hidden(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.target.get_decoder()(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+        ).last_hidden_state
+
+    def training_loss(self, batch: dict[str, torch.Tensor], feats: TargetFeatures) -> LossOutput:
+        train_adapters = self.adapters_training and torch.is_grad_enabled()
+        with torch.set_grad_enabled(train_adapters):
+            hidden = self._final_hidden(batch)
+        heads_out = medusa_loss(self.heads, hidden, batch["input_ids"], batch["loss_mask"], self.loss_decay)
+        metrics = dict(heads_out.metrics)
+        loss = self.lam * heads_out.loss
+        # The target's own positions: logits at t predict t+1; keep those whose next token is generated.
+        predicts_generated = _shift_left(batch["loss_mask"].bool(), 1, False)
+        if self.adapters_training:
+            lm_head = self.target.get_output_embeddings()
+            with torch.no_grad(), self.target.disable_adapter():
+                teacher = lm_head(self._final_hidden(batch)[predicts_generated]).float().log_softmax(-1)
+            student = lm_head(hidden[predicts_generated]).float().log_softmax(-1)
+            if student.shape[0] > 0:
+                kl = F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+            else:
+                kl = student.sum() * 0.0
+            loss = loss + kl
+            metrics["target/kl"] = kl.detach()
+        else:
+            metrics["target/kl"] = torch.zeros((), device=hidden.device)
+        metrics["heads/loss"] = heads_out.loss.detach()
+        return LossOutput(loss=loss, metrics=metrics)
+
+    def save_pretrained(self, folder) -> None:
+        """The heads as usual, the adapter beside them in `lora/` (PeftModel.from_pretrained(target, folder/'lora'))."""
+        from pathlib import Path
+
+        self.heads.save_pretrained(folder)
+        self.target.save_pretrained(str(Path(folder) / "lora"))

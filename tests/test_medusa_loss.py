@@ -1,0 +1,163 @@
+"""Medusa-1 label alignment against a brute-force reference, overfitting, and Medusa-2's trainable set."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from train_helpers import reset_accelerate, synthetic_rows
+
+from data.features import OnlineFeatures
+from heads.medusa import MedusaHeads
+from heads.medusa_loss import Medusa2Objective, MedusaObjective, medusa_head_targets, medusa_loss
+from heads.vocab import DraftVocab
+from headway.config import TrainConfig
+from headway.target import tiny_llama
+from train.loop import make_accelerator, train
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate():
+    reset_accelerate()
+    yield
+    reset_accelerate()
+
+
+def test_head_targets_on_a_hand_example():
+    # positions:        0  1  2  3  4  5  6  7  8
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 1, 1]])
+    ids = torch.arange(10, 19)[None]
+    (v1, l1), (v2, l2), (v3, _) = medusa_head_targets(ids, mask, 3)
+    # head 1 at t needs t+1, t+2 generated; predicts ids[t+2]
+    assert v1[0].nonzero().flatten().tolist() == [1, 2, 6]
+    assert l1[0, [1, 2, 6]].tolist() == [13, 14, 18]
+    # head 2 needs t+1..t+3 generated; predicts ids[t+3]
+    assert v2[0].nonzero().flatten().tolist() == [1]
+    assert l2[0, 1].item() == 14
+    assert not v3.any()
+
+
+def _brute_force(heads, hidden, ids, mask, decay):
+    B, T, _ = hidden.shape
+    K = heads.config.num_heads
+    total, per_head_top1 = 0.0, []
+    for k in range(1, K + 1):
+        logits, labels, hits, n = [], [], 0, 0
+        for b in range(B):
+            for t in range(T):
+                if t + k + 1 >= T or not all(mask[b, j] == 1 for j in range(t + 1, t + k + 2)):
+                    continue
+                lg = heads.lm_heads[k - 1](heads.blocks[k - 1](hidden[b, t]))
+                label = heads.to_draft_ids(ids[b, t + k + 1]).item()
+                n += 1
+                hits += int(label >= 0 and lg.argmax().item() == label)
+                if label >= 0:
+                    logits.append(lg)
+                    labels.append(label)
+        ce = F.cross_entropy(torch.stack(logits), torch.tensor(labels)) if labels else torch.tensor(0.0)
+        total = total + decay**k * ce
+        per_head_top1.append(hits / max(1, n))
+    return total, per_head_top1
+
+
+@pytest.mark.parametrize("reduced", [False, True])
+def test_medusa_loss_matches_brute_force(reduced):
+    torch.manual_seed(0)
+    target = tiny_llama(vocab_size=64, hidden_size=16)
+    vocab = DraftVocab(torch.arange(0, 64, 2, dtype=torch.int64), 64) if reduced else None  # odd ids: out of vocab
+    heads = MedusaHeads.from_target(target, num_heads=3, num_layers=1, vocab=vocab)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    B, T = 3, 14
+    hidden = torch.randn(B, T, 16)
+    ids = torch.randint(0, 64, (B, T))
+    mask = torch.zeros(B, T, dtype=torch.long)
+    mask[0, 3:9] = 1
+    mask[0, 11:14] = 1  # second answer after a user turn
+    mask[1, 1:12] = 1  # padding after 12
+    mask[2, 5:14] = 1
+    out = medusa_loss(heads, hidden, ids, mask, decay=0.8)
+    ref_loss, ref_top1 = _brute_force(heads, hidden, ids, mask, 0.8)
+    torch.testing.assert_close(out.loss, torch.as_tensor(ref_loss, dtype=torch.float32), rtol=1e-5, atol=1e-6)
+    for k, acc in enumerate(ref_top1, start=1):
+        assert out.metrics[f"head{k}/top1"].item() == pytest.approx(acc)
+
+
+def _train_cfg(tmp_path, **kw) -> TrainConfig:
+    base = dict(
+        output_dir=str(tmp_path), batch_size=4, max_steps=40, lr=1e-2, warmup_ratio=0.0, log_every=5,
+        eval_every=0, save_every=0, max_seq_len=64, group_by_length=False,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _losses(path):
+    import json
+
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    return [r["train/loss"] for r in rows if r["kind"] == "train"]
+
+
+def test_loss_falls_when_overfitting_one_batch(tmp_path):
+    target = tiny_llama(vocab_size=256, hidden_size=32)
+    rows = synthetic_rows(4, 256)
+    heads = MedusaHeads.from_target(target, num_heads=3, num_layers=1)
+    objective = MedusaObjective(heads)
+    cfg = _train_cfg(tmp_path)
+    result = train(objective, rows, rows, cfg, make_accelerator(cfg), pad_id=2,
+                   feature_source=OnlineFeatures(target, objective.feature_spec()))
+    losses = _losses(tmp_path)
+    assert losses[-1] < 0.2 * losses[0], losses
+    assert result.val_metrics["val/head1/top1"] > 0.8
+    assert MedusaHeads.from_pretrained(tmp_path, target=target).config.num_heads == 3
+
+
+def _medusa2(heads_only_steps):
+    from peft import LoraConfig, get_peft_model
+
+    target = tiny_llama(vocab_size=256, hidden_size=32)
+    heads = MedusaHeads.from_target(target, num_heads=2, num_layers=1)
+    peft_target = get_peft_model(target, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    return Medusa2Objective(peft_target, heads, lam=0.2, heads_only_steps=heads_only_steps, lora_lr_ratio=0.25)
+
+
+def _snapshot(module):
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+@pytest.mark.parametrize("heads_only_steps", [0, 3])
+def test_medusa2_steps_change_only_lora_and_heads(tmp_path, heads_only_steps):
+    objective = _medusa2(heads_only_steps)
+    before = _snapshot(objective)
+    rows = synthetic_rows(8, 256)
+    cfg = _train_cfg(tmp_path, max_steps=3, lr=1e-2)
+    train(objective, rows, rows, cfg, make_accelerator(cfg, find_unused_parameters=True), pad_id=2)
+    after = _snapshot(objective)
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    lora = {n for n in before if "lora_" in n}
+    head = {n for n in before if n.startswith("heads.")}
+    assert changed <= lora | head, f"frozen weights changed: {sorted(changed - lora - head)[:5]}"
+    assert head & changed, "the heads did not train"
+    if heads_only_steps == 0:
+        assert lora & changed, "the adapters did not train"
+    else:
+        assert not (lora & changed), "adapters trained during the heads-only stage"
+
+
+def test_medusa2_adapter_saves_beside_heads_and_loads_with_peft(tmp_path):
+    from peft import PeftModel
+
+    objective = _medusa2(0)
+    rows = synthetic_rows(8, 256)
+    cfg = _train_cfg(tmp_path, max_steps=2)
+    train(objective, rows, None, cfg, make_accelerator(cfg, find_unused_parameters=True), pad_id=2)
+    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "lora" / "adapter_config.json").is_file()
+    reloaded = PeftModel.from_pretrained(tiny_llama(vocab_size=256, hidden_size=32), str(tmp_path / "lora"))
+    ids = torch.randint(3, 256, (1, 10))
+    objective.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, objective.target(ids).logits)
+        # and the adapters really differ from the base model
+        assert not torch.allclose(reloaded(ids).logits, tiny_llama(vocab_size=256, hidden_size=32)(ids).logits)

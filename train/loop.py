@@ -1,0 +1,380 @@
+"""The one training loop: any head objective, features online or from a cache, through accelerate.
+
+    accelerator = make_accelerator(cfg.train)
+    result = train(objective, ds["train"], ds["validation"], cfg.train, accelerator,
+                   feature_source=OnlineFeatures(target, objective.feature_spec()), pad_id=tok.pad_token_id)
+
+The objective is an `nn.Module` implementing `heads.base.HeadObjective` (`feature_spec`, `training_loss`);
+optionally `param_groups(lr)` (groups with their own lr / start step), `set_step(step)` (told before every
+optimizer step), `find_unused_parameters` (DDP) and `save_pretrained(folder)` (the final export).
+The loop never asks which head it holds.
+
+`feature_source(batch) -> TargetFeatures` is `data.features.OnlineFeatures` (a forward of the frozen
+target) or `data.features.BatchFeatures` (tensors a caching `collate_fn` put in the batch); None when the
+objective runs the target itself (Medusa-2). Every batch also carries `row_index` (dataset row ids), so a
+collate function can look cached features up by row.
+
+Accelerate gives devices, mixed precision, DDP / DeepSpeed / FSDP (gloo on CPU), trackers; this module
+adds the deterministic data order (`train/data_order.py`), checkpoints with exact resume
+(`train/checkpoint.py`), AdamW + cosine (`train/optim.py`), validation, a stop on non-finite loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from data.dataset import collate
+from heads.base import TargetFeatures
+from headway.config import TrainConfig
+from train.checkpoint import (
+    TrainerState,
+    checkpoint_dir,
+    latest_checkpoint,
+    mark_complete,
+    read_state,
+    rotate,
+    trainable_signature,
+    write_state,
+)
+from train.data_order import DataOrder
+from train.optim import build_optimizer, build_scheduler, default_param_groups
+
+FeatureSource = Callable[[dict[str, torch.Tensor]], TargetFeatures]
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "train_summary.json"
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss (or gradient norm) became NaN/inf; the run stopped without saving over good checkpoints."""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    output_dir: Path
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    resumed_from: Path | None = None
+
+
+# ---------------------------------------------------------------- setup
+
+
+def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False):
+    """An Accelerator for this run: precision and trackers from the YAML; devices from `accelerate launch`."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
+
+    if cfg.report_to == "wandb":
+        # Never ask for a login: offline unless the YAML (or the environment) says otherwise; `wandb sync` later.
+        os.environ.setdefault("WANDB_MODE", cfg.wandb_mode)
+        os.environ.setdefault("WANDB_SILENT", "true")
+    return Accelerator(
+        mixed_precision=cfg.mixed_precision,
+        gradient_accumulation_steps=cfg.grad_accum,
+        step_scheduler_with_optimizer=False,  # stepped once per optimizer step, whatever the world size
+        log_with=None if cfg.report_to == "none" else cfg.report_to,
+        project_config=ProjectConfiguration(project_dir=cfg.output_dir, logging_dir=cfg.output_dir),
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=find_unused_parameters)],
+    )
+
+
+class ObjectiveModule(nn.Module):
+    """What DDP/DeepSpeed wrap: forward(batch, features) -> {"loss", metrics...} through the objective."""
+
+    def __init__(self, objective: nn.Module) -> None:
+        super().__init__()
+        self.objective = objective
+
+    def forward(self, batch: dict[str, torch.Tensor], features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = self.objective.training_loss(batch, _unflatten(features))
+        return {"loss": out.loss, **out.metrics}
+
+
+def _flatten(f: TargetFeatures) -> dict[str, torch.Tensor]:
+    # Plain dicts of tensors travel through DDP's input handling on every backend.
+    d = {f"layer.{i}": t for i, t in f.layers.items()}
+    if f.final_normed is not None:
+        d["final_normed"] = f.final_normed
+    if f.logits is not None:
+        d["logits"] = f.logits
+    return d
+
+
+def _unflatten(d: dict[str, torch.Tensor]) -> TargetFeatures:
+    return TargetFeatures(
+        layers={int(k.split(".", 1)[1]): v for k, v in d.items() if k.startswith("layer.")},
+        final_normed=d.get("final_normed"),
+        logits=d.get("logits"),
+    )
+
+
+def _rows(ds, indices: list[int]) -> list[dict]:
+    cols = ds[indices]
+    rows = [dict(zip(cols.keys(), vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
+    for r, i in zip(rows, indices, strict=True):
+        r["row_index"] = i
+    return rows
+
+
+def default_collate(pad_id: int, max_len: int) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
+    def fn(rows: list[dict]) -> dict[str, torch.Tensor]:
+        batch = collate(rows, pad_id=pad_id, max_len=max_len)
+        batch["row_index"] = torch.tensor([r["row_index"] for r in rows], dtype=torch.long)
+        return batch
+
+    return fn
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def train(
+    objective: nn.Module,
+    train_rows,
+    val_rows,
+    cfg: TrainConfig,
+    accelerator,
+    *,
+    pad_id: int,
+    feature_source: FeatureSource | None = None,
+    collate_fn: Callable[[list[dict]], dict[str, torch.Tensor]] | None = None,
+    save_final: Callable[[nn.Module, Path], None] | None = None,
+    run_config: dict | None = None,
+    on_step_end: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Train `objective` on `train_rows` (datasets.Dataset with input_ids, loss_mask); see the module docstring."""
+    out_dir = Path(cfg.output_dir)
+    ckpt_root = out_dir / "checkpoints"
+    main = accelerator.is_main_process
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    collate_fn = collate_fn or default_collate(pad_id, cfg.max_seq_len)
+    world, rank = accelerator.num_processes, accelerator.process_index
+
+    for name, ds in (("train", train_rows), ("validation", val_rows)):
+        if ds is not None and not {"input_ids", "loss_mask"} <= set(ds.column_names):
+            raise ValueError(f"the {name} split needs columns input_ids and loss_mask, has {ds.column_names}")
+    lengths = [min(len(x), cfg.max_seq_len) for x in train_rows["input_ids"]]
+    order = DataOrder(lengths, cfg.batch_size, world, rank, cfg.seed, cfg.group_by_length)
+    if cfg.max_steps is not None:
+        total_steps = cfg.max_steps
+    else:
+        total_steps = max(1, math.ceil(cfg.epochs * order.batches_per_epoch / cfg.grad_accum))
+
+    module = ObjectiveModule(objective)
+    groups = objective.param_groups(cfg.lr) if hasattr(objective, "param_groups") else default_param_groups(module, cfg.lr)
+    optimizer = build_optimizer(groups, cfg)
+    scheduler = build_scheduler(optimizer, groups, total_steps, cfg.warmup_ratio)
+    model, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
+    signature = trainable_signature(module)
+    trainable_keys = {n for n, p in model.named_parameters() if p.requires_grad}
+
+    def keep_trainable_only(_models, weights, _output_dir):
+        # A frozen target inside the objective (Medusa-2) is not copied into every checkpoint.
+        for w in weights:
+            for k in [k for k in w if k not in trainable_keys]:
+                del w[k]
+
+    accelerator.register_save_state_pre_hook(keep_trainable_only)
+
+    state = TrainerState(signature=signature)
+    resumed_from = latest_checkpoint(ckpt_root) if cfg.resume == "auto" else None
+    if resumed_from is not None:
+        saved = read_state(resumed_from)
+        if saved.signature != signature:
+            raise ValueError(
+                f"checkpoint {resumed_from} holds other trainable weights (signature {saved.signature}, this run "
+                f"{signature}): use another train.output_dir or train.resume=never"
+            )
+        accelerator.load_state(str(resumed_from), strict=False)  # strict=False: only trainable weights are saved
+        state = saved
+        accelerator.print(f"resumed from {resumed_from} at step {state.step}")
+
+    if cfg.report_to != "none":
+        accelerator.init_trackers(
+            cfg.wandb_project,
+            config=_flat_config(run_config or {"train": asdict(cfg)}),
+            init_kwargs={"wandb": {"dir": str(out_dir), "name": out_dir.name}},
+        )
+    if main and run_config is not None:
+        (out_dir / "run_config.json").write_text(json.dumps(run_config, indent=2, default=str) + "\n")
+
+    def to_device(batch: dict) -> dict:
+        return {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def last_good() -> str:
+        ckpt = latest_checkpoint(ckpt_root)
+        return f"the last good checkpoint is {ckpt}" if ckpt else "no checkpoint was saved yet"
+
+    def all_finite(value: torch.Tensor) -> bool:
+        flag = torch.isfinite(value.detach().float()).all().reshape(1).to(accelerator.device)
+        return bool(accelerator.gather(flag.int()).all()) if world > 1 else bool(flag)
+
+    def save_checkpoint() -> None:
+        folder = checkpoint_dir(ckpt_root, state.step)
+        accelerator.save_state(str(folder))
+        accelerator.wait_for_everyone()
+        if main:
+            write_state(folder, state)
+            mark_complete(folder)
+            rotate(ckpt_root, cfg.keep_checkpoints)
+        accelerator.wait_for_everyone()
+
+    def log(metrics: dict[str, float], kind: str) -> None:
+        if cfg.report_to != "none":
+            accelerator.log(metrics, step=state.step)
+        if main:
+            with (out_dir / METRICS_FILE).open("a") as f:
+                f.write(json.dumps({"step": state.step, "kind": kind, **metrics}) + "\n")
+
+    def evaluate() -> dict[str, float]:
+        if val_rows is None or len(val_rows) == 0:
+            return {}
+        n_rows = len(val_rows) if cfg.max_eval_rows is None else min(len(val_rows), cfg.max_eval_rows)
+        val_lengths = [min(len(x), cfg.max_seq_len) for x in val_rows.select(range(n_rows))["input_ids"]]
+        val_order = DataOrder(val_lengths, cfg.batch_size, world, rank, shuffle=False)
+        sums: dict[str, torch.Tensor] = {}
+        model.eval()
+        with torch.no_grad():
+            batches = val_order.batches(0)
+            for idx in batches:
+                batch = to_device(collate_fn(_rows(val_rows, idx)))
+                feats = feature_source(batch) if feature_source is not None else TargetFeatures()
+                for k, v in model(batch, _flatten(feats)).items():
+                    sums[k] = sums.get(k, 0.0) + v.detach().float()
+        model.train()
+        means = _reduce_mean(accelerator, {k: v / len(batches) for k, v in sums.items()})
+        return {f"val/{k}": v for k, v in means.items()}
+
+    rows_log = (out_dir / f"rows_rank{rank}.jsonl") if cfg.log_row_ids else None
+    if rows_log is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    model.train()
+    epoch_batches = order.batches(state.epoch)
+    interval: dict[str, torch.Tensor] = {}
+    interval_micro, interval_tokens, t_start = 0, 0, time.perf_counter()
+    val_metrics: dict[str, float] = {}
+    bar = tqdm(total=total_steps, initial=state.step, disable=not main, desc="train", dynamic_ncols=True)
+
+    while state.step < total_steps:
+        if hasattr(objective, "set_step"):
+            objective.set_step(state.step)
+        grad_norm = None
+        for _ in range(cfg.grad_accum):
+            if state.batch_in_epoch >= len(epoch_batches):
+                state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+                epoch_batches = order.batches(state.epoch)
+            idx = epoch_batches[state.batch_in_epoch]
+            state.batch_in_epoch += 1
+            if rows_log is not None:
+                with rows_log.open("a") as f:
+                    f.write(json.dumps({"step": state.step + 1, "rows": idx}) + "\n")
+            batch = to_device(collate_fn(_rows(train_rows, idx)))
+            feats = feature_source(batch) if feature_source is not None else TargetFeatures()
+            with accelerator.accumulate(model):
+                outputs = model(batch, _flatten(feats))
+                loss = outputs["loss"]
+                if not all_finite(loss):
+                    bar.close()
+                    accelerator.end_training()
+                    raise NonFiniteLossError(
+                        f"loss is {loss.item()} at step {state.step + 1} (epoch {state.epoch}, rows {idx}); "
+                        f"stopped without saving: {last_good()}"
+                    )
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    if cfg.grad_clip and cfg.grad_clip > 0:
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                    if grad_norm is not None and cfg.mixed_precision != "fp16" and not all_finite(grad_norm):
+                        bar.close()
+                        accelerator.end_training()
+                        raise NonFiniteLossError(
+                            f"gradient norm is {float(grad_norm)} at step {state.step + 1}; stopped without saving: {last_good()}"
+                        )
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+            for k, v in outputs.items():
+                interval[k] = interval.get(k, 0.0) + v.detach().float()
+            interval_micro += 1
+            interval_tokens += int(batch["attention_mask"].sum())
+        state.step += 1
+        bar.update(1)
+
+        last = state.step == total_steps
+        if state.step % max(1, cfg.log_every) == 0 or last:
+            means = _reduce_mean(accelerator, {k: v / interval_micro for k, v in interval.items()})
+            tokens = _reduce_sum(accelerator, interval_tokens)
+            state.tokens_seen += tokens
+            elapsed = time.perf_counter() - t_start
+            metrics = {f"train/{k}": v for k, v in means.items()}
+            metrics["train/tokens_per_s"] = tokens / max(elapsed, 1e-9)
+            metrics["train/epoch"] = state.epoch + state.batch_in_epoch / max(1, len(epoch_batches))
+            for i, g in enumerate(optimizer.param_groups):
+                metrics[f"train/lr_group{i}"] = g["lr"]
+            if grad_norm is not None:
+                metrics["train/grad_norm"] = float(grad_norm)
+            log(metrics, "train")
+            bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+            interval, interval_micro, interval_tokens, t_start = {}, 0, 0, time.perf_counter()
+        if cfg.eval_every and state.step % cfg.eval_every == 0 and not last:
+            val_metrics = evaluate()
+            log(val_metrics, "validation")
+        if cfg.save_every and state.step % cfg.save_every == 0 and not last:
+            save_checkpoint()
+        if on_step_end is not None:
+            on_step_end(state.step)
+    bar.close()
+
+    val_metrics = evaluate()
+    log(val_metrics, "validation")
+    save_checkpoint()
+    if main:
+        final = accelerator.unwrap_model(model).objective
+        (save_final or (lambda obj, folder: obj.save_pretrained(folder)))(final, out_dir)
+        summary = {"step": state.step, "tokens_seen": state.tokens_seen, "world_size": world, **val_metrics}
+        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        accelerator.print("validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(val_metrics.items())))
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return TrainResult(step=state.step, output_dir=out_dir, val_metrics=val_metrics, resumed_from=resumed_from)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _reduce_mean(accelerator, values: dict[str, torch.Tensor]) -> dict[str, float]:
+    if not values:
+        return {}
+    keys = sorted(values)  # every rank reports the same keys: one collective for all of them
+    t = torch.stack([torch.as_tensor(values[k], dtype=torch.float32).to(accelerator.device) for k in keys])
+    if accelerator.num_processes > 1:
+        t = accelerator.reduce(t, reduction="mean")
+    return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
+
+
+def _reduce_sum(accelerator, value: int) -> int:
+    if accelerator.num_processes == 1:
+        return value
+    return int(accelerator.reduce(torch.tensor([value], device=accelerator.device), reduction="sum").item())
+
+
+def _flat_config(d: dict, prefix: str = "") -> dict:
+    flat = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flat.update(_flat_config(v, key + "."))
+        else:
+            flat[key] = v if isinstance(v, int | float | str | bool) or v is None else str(v)
+    return flat
