@@ -1,0 +1,106 @@
+"""Attention for EAGLE drafters: float masks for drafting, and the training-time-test (TTT) kernel.
+
+    mask = causal_mask(attention_mask, dtype)              # [B, 1, T, T] float: 0 seen, min masked
+    mask = offset_causal_mask(q_len, past_len, dtype, dev) # [1, 1, q, past + q] for a chain after a cache
+
+The drafter's decoder layer is transformers' own class; its attention module looks its kernel up by
+`config._attn_implementation`. Drafters set that to ATTENTION_NAME, registered here with transformers'
+`AttentionInterface`: without the `eagle_ttt_block` kwarg it is plain SDPA (or eager) on the float mask
+it is given; with `eagle_ttt_block=T` it computes the unrolled-step attention of EAGLE-3's training-time
+test without materialising the (steps x T)^2 mask:
+
+- the key/value cache holds step 0 .. step i, T positions each (step 0 first);
+- the query of step i at position t sees step-0 keys at positions s <= t (the causal block, with padding,
+  given as `attention_mask` [B, 1, T, T]) and, of every later step j <= i, only the key at the same t.
+
+That is exactly what drafting from anchor t sees: the target-fed cache up to t, then its own chain.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+ATTENTION_NAME = "headway_eagle"
+BASE_ATTENTION_ATTR = "headway_base_attention"  # on the drafter's layer config: "sdpa" or "eager"
+
+
+def causal_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, T] key padding (1 = real token) -> float [B, 1, T, T]: query t sees real keys s <= t.
+
+    A query on padding still sees key 0, so no row is all masked (no NaN from an empty softmax).
+    """
+    B, T = attention_mask.shape
+    device = attention_mask.device
+    tri = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    keep = tri[None] & attention_mask.bool()[:, None, :]
+    keep[:, :, 0] = True
+    return mask_to_float(keep[:, None], dtype)
+
+
+def offset_causal_mask(q_len: int, past_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Float [1, 1, q, past + q]: a chain of q queries after `past_len` cached keys, each seeing its past."""
+    keys = torch.arange(past_len + q_len, device=device)
+    queries = torch.arange(q_len, device=device) + past_len
+    return mask_to_float((keys[None, :] <= queries[:, None])[None, None], dtype)
+
+
+def mask_to_float(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean keep-mask -> additive float mask (0 kept, dtype's min masked); eager needs float masks."""
+    zero = torch.zeros((), dtype=dtype, device=keep.device)
+    return torch.where(keep, zero, torch.finfo(dtype).min)
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def eager_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **_):
+    """Plain softmax(QK^T + mask)V with a float mask; the reference the other paths are tested against."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : key.shape[-2]]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+
+
+def ttt_attention(module, query, key, value, attention_mask, block: int, dropout=0.0, scaling=None):
+    """Step i of the unroll: causal block over step-0 keys + the diagonal of each later step."""
+    T = block
+    if query.shape[2] != T or key.shape[2] % T:
+        raise ValueError(f"TTT attention: {query.shape[2]} queries and {key.shape[2]} keys for a block of {T}")
+    steps = key.shape[2] // T
+    groups = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = [torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling + attention_mask[..., :T]]
+    for j in range(1, steps):  # step j's key at the query's own position only
+        scores.append((query * key[:, :, j * T : (j + 1) * T]).sum(-1, keepdim=True) * scaling)
+    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    out = torch.matmul(probs[..., :T], value[:, :, :T])
+    for j in range(1, steps):
+        out = out + probs[..., T + j - 1 : T + j] * value[:, :, j * T : (j + 1) * T]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def eagle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    block = kwargs.pop("eagle_ttt_block", None)
+    if block is not None:
+        return ttt_attention(module, query, key, value, attention_mask, block, dropout=dropout, scaling=scaling)
+    if attention_mask is None and query.shape[2] > 1:
+        raise ValueError("EAGLE drafter attention needs an explicit float mask for more than one query")
+    if getattr(module.config, BASE_ATTENTION_ATTR, "sdpa") == "eager":
+        return eager_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=False, **kwargs
+    )
+
+
+AttentionInterface.register(ATTENTION_NAME, eagle_attention)
