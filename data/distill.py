@@ -178,13 +178,13 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
     `after_shard(k)` runs after shard k is saved (tests interrupt there); `fingerprint` replaces
     the target's computed identity (for stand-in models in tests).
     """
-    from accelerate import PartialState
-
+    from headway.distributed import process_state
     from headway.target import load_target, pick_device, target_fingerprint
 
-    state = PartialState()
+    state = process_state(cfg.target.device)
     if model is None:
-        device = pick_device(cfg.target.device) if cfg.target.device != "auto" or state.num_processes == 1 else state.device
+        # Several processes: each takes its own accelerator (state.device); one: the configured device.
+        device = state.device if state.num_processes > 1 else pick_device(cfg.target.device)
         model, tok = load_target(cfg.target, device=device)
     out = Path(cfg.data.output_dir)
     ident = identity(cfg, fingerprint or target_fingerprint(model, tok, cfg.target.name), model.dtype)
@@ -213,6 +213,7 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
     for k in todo:
         convs = [c for c, _ in shards[k]]
         result = distiller.run_shard(k, convs, [ids for _, ids in shards[k]], on_batch)
+        result["stats"]["process"] = state.process_index
         _write_json(shards_dir / f"shard-{k:05d}.json", result)
         if after_shard is not None:
             after_shard(k)

@@ -267,3 +267,30 @@ def test_collate_pads_right():
     assert b["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert b["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+
+
+def test_two_cpu_processes_split_the_shards(tmp_path, tiny_smol_vocab, smol_tok):
+    """`accelerate launch --num_processes 2` on CPU: each process generates its own shards."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    target = tmp_path / "tiny"
+    tiny_smol_vocab.save_pretrained(target)
+    smol_tok.save_pretrained(target)
+    src = _write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
+        "--config_file", str(root / "configs/accelerate/cpu.yaml"), "--main_process_port", "29533",
+        str(root / "scripts/generate_data.py"), "--config", str(root / "configs/smollm2-135m/data.yaml"),
+        f"target.name={target}", "target.hidden_size=null", "target.num_hidden_layers=null", "target.vocab_size=null",
+        f"data.output_dir={out}", f"data.sources=[{{path: {src}, domain: chat}}]",
+        "data.generation.max_new_tokens=6", "data.generation.shard_size=1",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    made_by = {json.loads(p.read_text())["stats"]["process"] for p in (out / "shards").glob("*.json")}
+    assert made_by == {0, 1}
+    assert len(_all_rows(out)) == len(PROMPTS)
