@@ -224,7 +224,9 @@ class EagleDrafter(nn.Module):
         if self.feature_scale is None:
             raise ValueError("this drafter was built with feature_norm='none': no feature scale to set")
         if std.shape != self.feature_scale.shape:
-            raise ValueError(f"feature std of shape {tuple(std.shape)}, the drafter expects {tuple(self.feature_scale.shape)}")
+            raise ValueError(
+                f"feature std of shape {tuple(std.shape)}, the drafter expects {tuple(self.feature_scale.shape)}"
+            )
         std = std.detach().float()
         if not torch.isfinite(std).all():
             raise ValueError("feature std has non-finite entries")
@@ -271,7 +273,9 @@ class EagleDrafter(nn.Module):
             position_ids = position_ids[None].expand(input_ids.shape[0], -1)
         if attention_mask is None:
             past = cache.get_seq_length() if cache is not None else 0
-            attention_mask = eagle_attention.offset_causal_mask(input_ids.shape[1], past, self.dtype, input_ids.device)
+            attention_mask = eagle_attention.offset_causal_mask(
+                input_ids.shape[1], past, self.dtype, input_ids.device
+            )
         hidden = self.forward_hidden(input_ids, features, position_ids, attention_mask.to(self.dtype), cache)
         return DraftStep(feature=hidden, logits=self.logits(hidden))
 
@@ -282,7 +286,12 @@ class EagleDrafter(nn.Module):
         return self._layer(embeds, features, rope, position_ids, mask, cache, **attn_kwargs)
 
     def unroll(
-        self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor, steps: int, pad_id: int = 0
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        attention_mask: torch.Tensor,
+        steps: int,
+        pad_id: int = 0,
     ) -> list[torch.Tensor]:
         """Training-time test: `steps` draft steps from every anchor t at once; returns each step's features [B, T, h].
 
@@ -297,7 +306,9 @@ class EagleDrafter(nn.Module):
         hidden, outs = features, []
         for i in range(steps):
             ids_i = shift_left(input_ids, 1 + i, fill=pad_id)
-            hidden = self.forward_hidden(ids_i, hidden, base_positions + i, block_mask, cache, eagle_ttt_block=T)
+            hidden = self.forward_hidden(
+                ids_i, hidden, base_positions + i, block_mask, cache, eagle_ttt_block=T
+            )
             outs.append(hidden)
         return outs
 
@@ -387,13 +398,20 @@ class Eagle1Drafter(EagleDrafter):
             return feats.final_normed
         last = self.config.num_target_layers - 1
         if last not in feats.layers:
-            raise ValueError(f"EAGLE-1 needs the output of the target's last layer {last}; got layers {sorted(feats.layers)}")
+            raise ValueError(
+                f"EAGLE-1 needs the output of the target's last layer {last}; got layers {sorted(feats.layers)}"
+            )
         return feats.layers[last]
 
     def _layer(self, embeds, features, rope, position_ids, mask, cache, **attn_kwargs):
         x = self.fc(torch.cat([embeds, features], dim=-1))
         return self.layers[0](
-            x, attention_mask=mask, position_ids=position_ids, cache=cache, position_embeddings=rope, **attn_kwargs
+            x,
+            attention_mask=mask,
+            position_ids=position_ids,
+            cache=cache,
+            position_embeddings=rope,
+            **attn_kwargs,
         )
 
     def unscale(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -416,7 +434,9 @@ class Eagle1Drafter(EagleDrafter):
 
 
 class Eagle3Drafter(EagleDrafter):
-    def __init__(self, config: EagleDrafterConfig, parts: TargetParts, vocab: DraftVocab | None = None) -> None:
+    def __init__(
+        self, config: EagleDrafterConfig, parts: TargetParts, vocab: DraftVocab | None = None
+    ) -> None:
         super().__init__(config, parts)
         h = config.hidden_size
         self.fc = nn.Linear(3 * h, h, bias=False)
@@ -434,7 +454,9 @@ class Eagle3Drafter(EagleDrafter):
         vocab = vocab or (
             DraftVocab.full(config.vocab_size)
             if v_out == config.vocab_size
-            else DraftVocab(torch.arange(v_out, dtype=torch.int64), config.vocab_size)  # placeholder until loaded
+            else DraftVocab(
+                torch.arange(v_out, dtype=torch.int64), config.vocab_size
+            )  # placeholder until loaded
         )
         if vocab.size != v_out or vocab.target_vocab_size != config.vocab_size:
             raise ValueError(
@@ -459,7 +481,9 @@ class Eagle3Drafter(EagleDrafter):
         lm_head = target.get_output_embeddings().weight
         V = lm_head.shape[0]
         if vocab is not None and vocab.target_vocab_size != V:
-            raise ValueError(f"draft vocabulary built for a vocabulary of {vocab.target_vocab_size}, the target has {V}")
+            raise ValueError(
+                f"draft vocabulary built for a vocabulary of {vocab.target_vocab_size}, the target has {V}"
+            )
         config = EagleDrafterConfig(
             version=3,
             hidden_size=c.hidden_size,
@@ -498,7 +522,9 @@ class Eagle3Drafter(EagleDrafter):
         want = [i - 1 for i in self.config.feature_layers]
         missing = [i for i in want if i not in feats.layers]
         if missing:
-            raise ValueError(f"EAGLE-3 needs target layer outputs {want}; missing {missing} (have {sorted(feats.layers)})")
+            raise ValueError(
+                f"EAGLE-3 needs target layer outputs {want}; missing {missing} (have {sorted(feats.layers)})"
+            )
         return torch.cat([feats.layers[i] for i in want], dim=-1)
 
     def features_from_target(self, feats: TargetFeatures) -> torch.Tensor:
@@ -508,7 +534,12 @@ class Eagle3Drafter(EagleDrafter):
         mid = self.midlayer
         x = torch.cat([mid.input_layernorm(embeds), mid.hidden_norm(features)], dim=-1)
         attn, _ = mid.self_attn(
-            hidden_states=x, position_embeddings=rope, attention_mask=mask, cache=cache, position_ids=position_ids, **attn_kwargs
+            hidden_states=x,
+            position_embeddings=rope,
+            attention_mask=mask,
+            cache=cache,
+            position_ids=position_ids,
+            **attn_kwargs,
         )
         hidden = features + attn  # the residual is the (fused or fed-back) feature
         return hidden + mid.mlp(mid.post_attention_layernorm(hidden))

@@ -74,7 +74,9 @@ def ttt_attention(module, query, key, value, attention_mask, block: int, dropout
     """Step i of the unroll: causal block over step-0 keys + the diagonal of each later step."""
     T = block
     if query.shape[2] != T or key.shape[2] % T:
-        raise ValueError(f"TTT attention: {query.shape[2]} queries and {key.shape[2]} keys for a block of {T}")
+        raise ValueError(
+            f"TTT attention: {query.shape[2]} queries and {key.shape[2]} keys for a block of {T}"
+        )
     steps = key.shape[2] // T
     groups = query.shape[1] // key.shape[1]
     key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
@@ -93,7 +95,9 @@ def ttt_attention(module, query, key, value, attention_mask, block: int, dropout
 def eagle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     block = kwargs.pop("eagle_ttt_block", None)
     if block is not None:
-        return ttt_attention(module, query, key, value, attention_mask, block, dropout=dropout, scaling=scaling)
+        return ttt_attention(
+            module, query, key, value, attention_mask, block, dropout=dropout, scaling=scaling
+        )
     if attention_mask is None and query.shape[2] > 1:
         raise ValueError("EAGLE drafter attention needs an explicit float mask for more than one query")
     if getattr(module.config, BASE_ATTENTION_ATTR, "sdpa") == "eager":

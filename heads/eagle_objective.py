@@ -5,7 +5,7 @@
 
 Alignment (step i = 0, 1, ...; reported 1-based as step{i+1}): at anchor t the drafter reads token t+1+i
 and, at step 0, the target feature f_t; its output predicts token t+2+i, whose target distribution is the
-target's at position t+1+i. A pair counts where token t+2+i is target-generated (loss_mask) and real.
+target's at position t+1+i. A pair counts where tokens t+1 .. t+2+i are all target-generated (loss_mask).
 
 - EAGLE-1: loss = w_f * SmoothL1(predicted feature, f_{t+1}) + w_t * CE(target distribution, draft),
   both at step 0, on (scaled) features; uniform noise U(-a/2, a/2) on the input features while training
@@ -54,29 +54,37 @@ class EagleLossConfig:
 class AlignedStep:
     """Which (row, anchor) pairs step i trains on, and what they read and predict."""
 
-    mask: torch.Tensor  # bool [B, T]: pair counted (token t+2+i real and target-generated)
+    mask: torch.Tensor  # bool [B, T]: pair counted (tokens t+1 .. t+2+i real and target-generated)
     input_ids: torch.Tensor  # [B, T]: token t+1+i, the step's input token
     labels: torch.Tensor  # [B, T]: token t+2+i, the step's prediction target
     target_position: torch.Tensor  # [B, T]: t+1+i, where the target's distribution over token t+2+i sits
 
 
 def align_step(batch: dict[str, torch.Tensor], step: int, pad_id: int = 0) -> AlignedStep:
+    """Step `step` at anchor t counts when tokens t+1 .. t+2+step are all real and target-generated.
+
+    At inference token t+1 is the target's own last token and the chain t+2 .. t+2+step is drafted inside
+    one answer; a pair reaching into a prompt (or across a user turn) is one decoding never asks for.
+    """
     ids = batch["input_ids"]
-    counted = batch["loss_mask"].bool() & batch["attention_mask"].bool()
+    generated = batch["loss_mask"].bool() & batch["attention_mask"].bool()
+    run = shift_left(generated, 1, fill=False)
+    for k in range(2, 3 + step):
+        run = run & shift_left(generated, k, fill=False)
     T = ids.shape[1]
     positions = torch.arange(T, device=ids.device)[None].expand_as(ids)
     return AlignedStep(
-        mask=shift_left(counted, 2 + step, fill=False),
+        mask=run,
         input_ids=shift_left(ids, 1 + step, fill=pad_id),
         labels=shift_left(ids, 2 + step, fill=pad_id),
         target_position=positions + 1 + step,
     )
 
 
-def _soft_ce(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of -sum_v p_target(v) log q_draft(v)."""
+def _soft_ce_sum(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
+    """Sum over rows of -sum_v p_target(v) log q_draft(v) (0 for no rows: no NaN, no host sync)."""
     p = torch.softmax(target_logits.float(), dim=-1)
-    return -(p * torch.log_softmax(draft_logits.float(), dim=-1)).sum(-1).mean()
+    return -(p * torch.log_softmax(draft_logits.float(), dim=-1)).sum()
 
 
 class EagleObjective(nn.Module):
@@ -90,15 +98,17 @@ class EagleObjective(nn.Module):
         self.loss_cfg = loss
         self.pad_id = pad_id
 
-    def _step_metrics(self, metrics, i, logits, aligned_mask, labels, ce):
-        """acc over all counted pairs of step i; logits are those of the counted pairs in mask order."""
-        n = int(aligned_mask.sum())
-        metrics[f"pairs_step{i + 1}"] = torch.tensor(float(n))
-        if n:
-            pred = self.drafter.to_target_ids(logits.argmax(-1))
-            metrics[f"acc_step{i + 1}"] = (pred == labels[aligned_mask]).float().mean().detach()
-        if ce is not None:
-            metrics[f"ce_step{i + 1}"] = ce.detach()
+    def save_pretrained(self, folder) -> None:
+        """The loop's final export: the drafter folder (config.json + model.safetensors)."""
+        self.drafter.save_pretrained(folder)
+
+    def _step_metrics(self, metrics, i, logits, labels, ce) -> None:
+        """acc over all counted pairs of step i (same keys for every batch: the loop averages across ranks)."""
+        n = torch.tensor(float(labels.numel()), device=labels.device)
+        pred = self.drafter.to_target_ids(logits.argmax(-1))
+        metrics[f"pairs_step{i + 1}"] = n
+        metrics[f"acc_step{i + 1}"] = (pred == labels).float().sum().detach() / n.clamp_min(1)
+        metrics[f"ce_step{i + 1}"] = ce.detach().float()
 
 
 class Eagle1Objective(EagleObjective):
@@ -117,21 +127,20 @@ class Eagle1Objective(EagleObjective):
         steps = 1 if self.training else cfg.unroll_steps
         hidden = d.unroll(batch["input_ids"], z_in, batch["attention_mask"], steps, self.pad_id)
         metrics: dict[str, torch.Tensor] = {}
-        loss = hidden[0].sum() * 0.0  # keeps the graph when a batch has no counted pair
+        loss = None
         for i, h in enumerate(hidden):
             al = align_step(batch, i, self.pad_id)
             m = al.mask
-            if not m.any():
-                self._step_metrics(metrics, i, None, m, al.labels, None)
-                continue
+            n = m.sum().clamp_min(1)
             pred = h[m]
             logits = d.logits(pred)
             with torch.no_grad():
                 target_logits = d.target_logits(shift_left(raw, 1 + i)[m].float())
-            ce = _soft_ce(target_logits, logits)
-            self._step_metrics(metrics, i, logits, m, al.labels, ce)
+            ce = _soft_ce_sum(target_logits, logits) / n
+            self._step_metrics(metrics, i, logits, al.labels[m], ce)
             if i == 0:
-                feat = F.smooth_l1_loss(pred.float(), shift_left(z, 1)[m].float())
+                diff = F.smooth_l1_loss(pred.float(), shift_left(z, 1)[m].float(), reduction="sum")
+                feat = diff / (n * pred.shape[-1])
                 metrics["feature_loss"] = feat.detach()
                 loss = cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce
         metrics["loss"] = loss.detach()
@@ -155,30 +164,44 @@ class Eagle3Objective(EagleObjective):
     def training_loss(self, batch: dict[str, torch.Tensor], feats: TargetFeatures) -> LossOutput:
         d, cfg = self.drafter, self.loss_cfg
         if feats.final_normed is None:
-            raise ValueError("EAGLE-3 training needs the target's final normed hidden state (features.final_normed)")
+            raise ValueError(
+                "EAGLE-3 training needs the target's final normed hidden state (features.final_normed)"
+            )
         fused = d.features_from_target(feats)
         hidden = d.unroll(batch["input_ids"], fused, batch["attention_mask"], cfg.unroll_steps, self.pad_id)
-        t2d = d.t2d
         metrics: dict[str, torch.Tensor] = {}
-        loss = hidden[0].sum() * 0.0
+        loss = fused.new_zeros((), dtype=torch.float32)
         for i, h in enumerate(hidden):
             al = align_step(batch, i, self.pad_id)
             m = al.mask
-            if not m.any():
-                self._step_metrics(metrics, i, None, m, al.labels, None)
-                continue
+            labels = al.labels[m]
+            in_vocab = d.t2d[labels]
             logits = d.logits(h[m])
-            in_vocab = t2d[al.labels[m]]
-            ce = None
-            if in_vocab.any():
-                with torch.no_grad():
-                    target = self.draft_vocab_target_logits(shift_left(feats.final_normed, 1 + i)[m][in_vocab])
-                ce = _soft_ce(target, logits[in_vocab])
-                loss = loss + cfg.step_decay**i * ce
-            self._step_metrics(metrics, i, logits, m, al.labels, ce)
-            metrics[f"in_vocab_step{i + 1}"] = in_vocab.float().mean().detach()
+            with torch.no_grad():
+                target = self.draft_vocab_target_logits(shift_left(feats.final_normed, 1 + i)[m][in_vocab])
+            ce = _soft_ce_sum(target, logits[in_vocab]) / in_vocab.sum().clamp_min(1)
+            loss = loss + cfg.step_decay**i * ce
+            self._step_metrics(metrics, i, logits, labels, ce)
+            metrics[f"in_vocab_step{i + 1}"] = in_vocab.float().sum().detach() / max(1, in_vocab.numel())
         metrics["loss"] = loss.detach()
         return LossOutput(loss=loss, metrics=metrics)
+
+
+def training_feature_spec(
+    version: int,
+    num_target_layers: int,
+    feature_layers: list[int] | None = None,
+    feature_source: str = "pre_norm",
+) -> FeatureSpec:
+    """What training needs from the target (to extract online or to cache), without building a drafter."""
+    from heads.eagle import default_feature_layers
+
+    if version == 3:
+        layers = feature_layers or default_feature_layers(num_target_layers)
+        return FeatureSpec(layers=tuple(i - 1 for i in layers), final_normed=True)
+    if feature_source == "post_norm":
+        return FeatureSpec(final_normed=True)
+    return FeatureSpec(layers=(num_target_layers - 1,))
 
 
 def build_objective(drafter: EagleDrafter, loss: EagleLossConfig, pad_id: int = 0) -> EagleObjective:

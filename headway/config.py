@@ -106,6 +106,10 @@ class EagleConfig:
     step_decay: float = 0.8
     hidden_states: Literal["online", "offline"] = "online"
     feature_cache_dir: str | None = None
+    # EAGLE-1's feature: the last layer before the final norm (the issue's choice) or after it (what the
+    # EAGLE-1 reference trains on and vLLM's EAGLE-1 feeds its drafter).
+    feature_source: Literal["pre_norm", "post_norm"] = "pre_norm"
+    norm_stats_rows: int = 256  # online mode: train rows the per-dimension feature statistics come from
 
 
 @dataclass

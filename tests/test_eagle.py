@@ -31,7 +31,9 @@ def _drafter(version, target, **kw):
     if version == 1:
         d = Eagle1Drafter.from_target(target, feature_norm="per_dim", **kw)
     else:
-        d = Eagle3Drafter.from_target(target, feature_layers=[1, 2, 3], vocab=_vocab(), feature_norm="per_dim", **kw)
+        d = Eagle3Drafter.from_target(
+            target, feature_layers=[1, 2, 3], vocab=_vocab(), feature_norm="per_dim", **kw
+        )
     with torch.no_grad():  # a non-trivial scale, so its use is exercised
         d.feature_scale.uniform_(0.5, 2.0)
     return d.eval()
@@ -100,7 +102,13 @@ def test_step_explicit_mask_equals_default_chain(target):
     z = _features(d, target, ids, attn)
     with torch.no_grad():
         a = d.step(ids, z, torch.arange(8), d.new_cache())
-        b = d.step(ids, z, torch.arange(8), d.new_cache(), attention_mask=offset_causal_mask(8, 0, d.dtype, ids.device))
+        b = d.step(
+            ids,
+            z,
+            torch.arange(8),
+            d.new_cache(),
+            attention_mask=offset_causal_mask(8, 0, d.dtype, ids.device),
+        )
     torch.testing.assert_close(a.logits, b.logits)
 
 
@@ -131,7 +139,11 @@ def test_save_load_identical_logits_and_engine_names(tmp_path, target, version):
         assert names == {"fc.weight", "feature_scale"} | {f"layers.0.{n}" for n in layer}
         assert cfg["architectures"] == ["EagleLlamaForCausalLM"]
     else:  # vLLM / SGLang llama_eagle3.py
-        layer = attn_w | mlp | {f"{n}.weight" for n in ("hidden_norm", "input_layernorm", "post_attention_layernorm")}
+        layer = (
+            attn_w
+            | mlp
+            | {f"{n}.weight" for n in ("hidden_norm", "input_layernorm", "post_attention_layernorm")}
+        )
         want = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "feature_scale"}
         assert names == want | {f"midlayer.{n}" for n in layer}
         assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == _vocab().size
@@ -179,8 +191,14 @@ def test_drafter_uses_the_targets_own_layer_class():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=2 * H,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     qwen = Qwen2ForCausalLM(cfg).eval()
@@ -196,9 +214,13 @@ def test_drafter_uses_the_targets_own_layer_class():
 
 def test_feature_spec_layers(target):
     assert Eagle1Drafter.from_target(target).feature_spec() == FeatureSpec(layers=(L - 1,))
-    assert Eagle1Drafter.from_target(target, feature_source="post_norm").feature_spec() == FeatureSpec(final_normed=True)
+    assert Eagle1Drafter.from_target(target, feature_source="post_norm").feature_spec() == FeatureSpec(
+        final_normed=True
+    )
     # EAGLE-3 reads the *inputs* of layers 1, 2, 3 = outputs of decoder layers 0, 1, 2
-    assert Eagle3Drafter.from_target(target, feature_layers=[1, 2, 3]).feature_spec() == FeatureSpec(layers=(0, 1, 2))
+    assert Eagle3Drafter.from_target(target, feature_layers=[1, 2, 3]).feature_spec() == FeatureSpec(
+        layers=(0, 1, 2)
+    )
 
 
 def test_bf16_cast_keeps_rotary_fp32(target):
