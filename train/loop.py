@@ -69,16 +69,24 @@ class TrainResult:
 # ---------------------------------------------------------------- setup
 
 
-def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False):
-    """An Accelerator for this run: precision and trackers from the YAML; devices from `accelerate launch`."""
+def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False, cpu: bool | None = None):
+    """An Accelerator for this run: precision and trackers from the YAML; devices from `accelerate launch`.
+
+    `cpu` None: CPU processes when launched as several processes on a machine without CUDA, so
+    accelerate sets up the gloo process group (it only does so when told the run is on CPU).
+    """
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
+
+    if cpu is None:
+        cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
 
     if cfg.report_to == "wandb":
         # Never ask for a login: offline unless the YAML (or the environment) says otherwise; `wandb sync` later.
         os.environ.setdefault("WANDB_MODE", cfg.wandb_mode)
         os.environ.setdefault("WANDB_SILENT", "true")
     return Accelerator(
+        cpu=cpu,
         mixed_precision=cfg.mixed_precision,
         gradient_accumulation_steps=cfg.grad_accum,
         step_scheduler_with_optimizer=False,  # stepped once per optimizer step, whatever the world size
