@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from data.dataset import collate
 from heads.base import TargetFeatures
 from headway.config import TrainConfig
+from headway.distributed import wants_cpu
 from train.checkpoint import (
     TrainerState,
     checkpoint_dir,
@@ -69,17 +70,16 @@ class TrainResult:
 # ---------------------------------------------------------------- setup
 
 
-def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False, cpu: bool | None = None):
+def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False, device: str = "auto"):
     """An Accelerator for this run: precision and trackers from the YAML; devices from `accelerate launch`.
 
-    `cpu` None: CPU processes when launched as several processes on a machine without CUDA, so
-    accelerate sets up the gloo process group (it only does so when told the run is on CPU).
+    Without an accelerator (or with target.device cpu) accelerate is told cpu=True: only then do
+    processes launched together form a gloo process group instead of each training alone.
     """
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
-    if cpu is None:
-        cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    cpu = wants_cpu(device)
 
     if cfg.report_to == "wandb":
         # Never ask for a login: offline unless the YAML (or the environment) says otherwise; `wandb sync` later.

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     m, tc = cfg.medusa, cfg.train
     dataset_dir = tc.dataset_dir or cfg.data.output_dir
 
-    accelerator = make_accelerator(tc, find_unused_parameters=m.lora)
+    accelerator = make_accelerator(tc, find_unused_parameters=m.lora, device=cfg.target.device)
     target, tok = load_target(cfg.target, device=accelerator.device)
     check_data_target(dataset_dir, target, tok, cfg.target.name)
     ds = load_distilled(dataset_dir)
