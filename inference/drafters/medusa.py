@@ -1,0 +1,73 @@
+"""Medusa heads as a drafter: head d reads the final-normed hidden state of the last accepted token.
+
+    drafter = MedusaDrafter(MedusaHeads.from_pretrained(DIR, target=model))
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from heads.base import FeatureSpec
+from heads.medusa import MedusaHeads
+from inference.drafter import Accepted, DraftTree
+from inference.grow import grow_dynamic, grow_static
+from inference.sampling import SamplingParams
+from inference.trees import Tree, TreeSpec
+
+
+def last_valid(valid: torch.Tensor) -> torch.Tensor:
+    """[B, A] bool -> [B] index of each row's last True column."""
+    return (valid.long() * torch.arange(1, valid.shape[1] + 1, device=valid.device)).argmax(-1)
+
+
+class MedusaDrafter:
+    def __init__(self, heads: MedusaHeads, children: Literal["topk", "sample"] = "topk"):
+        self.heads, self.children = heads, children
+        self.num_heads = heads.config.num_heads
+        self.vocab_size = heads.config.vocab_size
+        self.h: torch.Tensor | None = None
+
+    def feature_spec(self) -> FeatureSpec:
+        return FeatureSpec(final_normed=True)
+
+    def reset(self) -> None:
+        self.h = None
+
+    def observe(self, acc: Accepted) -> None:
+        rows = torch.arange(acc.tokens.shape[0], device=acc.tokens.device)
+        self.h = acc.feats.final_normed[rows, last_valid(acc.valid)]
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        self.h = self.h[keep]
+
+    def draft(self, root, spec: TreeSpec, sampling: SamplingParams, generator) -> DraftTree:
+        if spec.max_depth > self.num_heads:
+            raise ValueError(f"tree depth {spec.max_depth} exceeds the {self.num_heads} Medusa heads")
+        logits = self.heads(self.h)  # [K, B, V']
+        id_map = self.heads.token_map
+        if spec.kind == "static" and (self.children == "topk" or sampling.greedy):
+            return self._static_topk(logits, spec.tree, id_map)
+
+        def expand(tokens, parents, d):  # every node at depth d gets head d's distribution
+            return logits[d][:, None].expand(-1, tokens.shape[1], -1)
+
+        if spec.kind == "static":
+            return grow_static(expand, root, spec.tree, sampling, generator, self.children, id_map, self.vocab_size)
+        return grow_dynamic(expand, root, spec.depth, spec.top_k, spec.budget, id_map)
+
+    def _static_topk(self, logits, tree: Tree, id_map) -> DraftTree:
+        key = ("medusa", str(logits.device))
+        if key not in tree._layouts:  # node -> (head, rank), once per tree
+            dev = logits.device
+            tree._layouts[key] = (
+                torch.tensor([len(p) - 1 for p in tree.paths], device=dev),
+                torch.tensor(tree.ranks, device=dev),
+                torch.tensor(tree.parents, device=dev),
+            )
+        d, r, parents = tree._layouts[key]
+        top = logits[: tree.max_depth].topk(tree.max_rank, dim=-1).indices  # [D, B, R]
+        ids = top[d, :, r].T  # [B, N]
+        tokens = ids if id_map is None else id_map[ids]
+        return DraftTree(tokens, parents, static=tree)

@@ -1,0 +1,275 @@
+"""The decoding engine: prefill -> draft a tree -> verify it in one target forward -> accept -> compact.
+
+    from inference.engine import SpecEngine
+    engine = SpecEngine(model, drafter, TreeSpec("static", default_tree(32)), eos_ids={2})
+    out = engine.generate([prompt_ids_1, prompt_ids_2], max_new_tokens=128)
+    out.tokens, out.accepted   # per prompt: generated ids; draft tokens accepted per verification
+
+The target is the unmodified transformers model, driven with an additive 4-D mask (cache slots
+the row may see + the tree's ancestor mask), explicit position ids (the row's next position +
+node depth) and its own DynamicCache. After each verification only the accepted path's KV stays:
+it is moved to the slots right after the old cache and the rest is cropped. Rows of a batch
+accept different lengths; a row's unused slots stay in the cache but are masked out for it
+(`self.kv_bias`), and positions are tracked per row, so holes cost memory, never correctness.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import DynamicCache
+
+from heads.base import FeatureSpec, TargetFeatures
+from inference.acceptance import Verdict, accept_greedy, accept_sampling, accept_typical, children_table
+from inference.drafter import Accepted, Drafter, DraftTree
+from inference.sampling import SamplingParams, pick
+from inference.trees import TreeSpec, additive_mask, ancestor_matrix, path_table
+
+
+@dataclass
+class GenerateOutput:
+    tokens: list[list[int]]  # per prompt: generated ids (a stopping EOS included)
+    accepted: list[list[int]]  # per prompt: draft tokens accepted at each verification
+    verify_forwards: list[int]  # per prompt: target forwards after prefill
+    tree_depth: int  # deepest draft node the trees could hold
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, summed over steps
+
+
+class _Tap:
+    """Captures decoder-layer outputs (pre-norm) during one forward, for the drafter's FeatureSpec."""
+
+    def __init__(self, layers, wanted: tuple[int, ...]):
+        self.layers, self.wanted, self.out, self.handles = layers, wanted, {}, []
+
+    def __enter__(self):
+        for i in self.wanted:
+            self.handles.append(self.layers[i].register_forward_hook(self._hook(i)))
+        return self
+
+    def _hook(self, i):
+        def fn(_module, _inp, output):
+            self.out[i] = output[0] if isinstance(output, tuple) else output
+
+        return fn
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+class SpecEngine:
+    def __init__(
+        self,
+        model,
+        drafter: Drafter,
+        spec: TreeSpec,
+        sampling: SamplingParams = SamplingParams(),
+        acceptance: Literal["exact", "typical"] = "exact",
+        eos_ids: set[int] | None = None,
+        pad_id: int = 0,
+        typical_threshold: float = 0.09,
+        typical_alpha: float = 0.3,
+        profile: bool = False,
+    ):
+        self.model, self.drafter, self.spec, self.sampling = model, drafter, spec, sampling
+        self.acceptance, self.pad_id = acceptance, pad_id
+        self.typical = (typical_threshold, typical_alpha)
+        if eos_ids is None:
+            eos = model.generation_config.eos_token_id
+            eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        self.eos_ids = set(eos_ids)
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.fspec: FeatureSpec = drafter.feature_spec()
+        n_layers = len(self.decoder.layers)
+        for i in self.fspec.layers:
+            if not 0 <= i < n_layers:
+                raise ValueError(f"drafter asks for target layer {i}, the target has layers 0..{n_layers - 1}")
+        self.profile = profile
+        self.timings: dict[str, float] = defaultdict(float)
+
+    # ------------------------------------------------------------ target forwards
+
+    def _forward(self, ids, mask, pos, cache) -> tuple[torch.Tensor, TargetFeatures]:
+        with _Tap(self.decoder.layers, self.fspec.layers) as tap:
+            hidden = self.decoder(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
+        return hidden, TargetFeatures(layers=dict(tap.out))
+
+    def _feats_at(self, feats: TargetFeatures, hidden, logits, idx) -> TargetFeatures:
+        """The drafter's features at token columns idx [B, A]."""
+
+        def take(t):
+            return t.gather(1, idx[..., None].expand(-1, -1, t.shape[-1]))
+
+        return TargetFeatures(
+            layers={i: take(t) for i, t in feats.layers.items()},
+            final_normed=take(hidden) if self.fspec.final_normed else None,
+            logits=take(logits) if self.fspec.logits and logits is not None else None,
+        )
+
+    def _tick(self, name: str, t0: float) -> float:
+        if self.profile and self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        self.timings[name] += t - t0
+        return t
+
+    # ------------------------------------------------------------ decoding
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]]):
+        """Left-padded prompts through the target; returns the first generated token per row."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        B, T = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
+        valid = torch.zeros(B, T, dtype=torch.bool)
+        for i, p in enumerate(prompts):
+            ids[i, T - len(p) :] = torch.tensor(p)
+            valid[i, T - len(p) :] = True
+        ids, valid = ids.to(self.device), valid.to(self.device)
+        pos = (valid.long().cumsum(-1) - 1).clamp_min(0)
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
+        # Padding rows still see themselves, so no softmax row is empty.
+        allowed = (causal & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=self.device)
+        self.cache = DynamicCache(config=self.model.config)
+        hidden, feats = self._forward(ids, additive_mask(allowed[:, None], self.dtype), pos, self.cache)
+        logits = self.lm_head(hidden) if self.fspec.logits else None
+        root = pick(self.lm_head(hidden[:, -1]), self.sampling, self.generator)
+        self.kv_bias = additive_mask(valid, self.dtype)[:, None, None, :]  # [B, 1, 1, S]
+        self.next_pos = valid.sum(-1)
+        arange = torch.arange(T, device=self.device).expand(B, T)
+        self.drafter.observe(Accepted(ids, valid, pos, self._feats_at(feats, hidden, logits, arange)))
+        return root
+
+    def _layout(self, dt: DraftTree):
+        if dt.static is not None:
+            lay = dt.static.layout(self.device, self.dtype)
+            if "kids" not in dt.static._layouts:
+                dt.static._layouts["kids"] = children_table(lay.parents[None].cpu()).to(self.device)
+            return lay.parents[None], lay.depth[None], lay.anc[None], lay.mask, lay.path_of[None], dt.static._layouts["kids"]
+        parents = dt.parents if dt.parents.dim() == 2 else dt.parents[None]
+        if bool((parents >= torch.arange(1, parents.shape[1] + 1, device=parents.device)).any()):
+            raise ValueError("draft tree: every node's parent must come before it (parents[i-1] < i)")
+        anc = ancestor_matrix(parents)
+        depth = anc.sum(-1) - 1
+        return parents, depth, anc, additive_mask(anc[:, None], self.dtype), path_table(anc, depth), None
+
+    def _accept(self, logits, dt: DraftTree, parents, anc, depth, kids) -> Verdict:
+        if self.acceptance == "typical":
+            return accept_typical(logits, dt.tokens, parents, anc, depth, self.sampling, *self.typical, self.generator)
+        if self.sampling.greedy:
+            return accept_greedy(logits, dt.tokens, parents, anc, depth)
+        kids = kids.expand(logits.shape[0], -1, -1) if kids is not None else None
+        return accept_sampling(logits, dt.tokens, parents, dt.q, self.sampling, self.generator, kids)
+
+    def _compact(self, start: int, path: torch.Tensor) -> None:
+        """Keep only the accepted path's KV: slots start + path[b, j] -> start + j, then crop."""
+        L = path.shape[1]
+        for layer in self.cache.layers:
+            if layer.keys is None:
+                continue
+            B, H, _, D = layer.keys.shape
+            idx = (start + path)[:, None, :, None].expand(B, H, L, D)
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                t[:, :, start : start + L] = t.gather(2, idx)
+                setattr(layer, name, t[:, :, : start + L])
+
+    @torch.inference_mode()
+    def step(self, root: torch.Tensor):
+        """One draft + verify + accept. Returns (accepted tokens [B, L] incl. root, n_accepted [B] incl.
+        root, bonus [B])."""
+        t = time.perf_counter()
+        dt = self.drafter.draft(root, self.spec, self.sampling, self.generator)
+        t = self._tick("draft", t)
+        B, N = dt.tokens.shape
+        parents, depth, anc, tree_mask, path_of, kids = self._layout(dt)
+        ids = torch.cat([root[:, None], dt.tokens], 1)
+        pos = self.next_pos[:, None] + depth
+        S = self.kv_bias.shape[-1]
+        mask = torch.cat([self.kv_bias.expand(B, 1, N + 1, S), tree_mask.expand(B, 1, N + 1, N + 1)], -1)
+        t = self._tick("mask", t)
+        hidden, feats = self._forward(ids, mask, pos.expand(B, -1), self.cache)
+        logits = self.lm_head(hidden)
+        t = self._tick("verify", t)
+        v = self._accept(logits, dt, parents, anc, depth, kids)
+        n_acc = depth.expand(B, -1).gather(1, v.best[:, None])[:, 0] + 1
+        L = int(n_acc.max())
+        rows = torch.arange(B, device=self.device)
+        path = path_of.expand(B, -1, -1)[rows, v.best][:, :L]  # root-first; beyond n_acc: padding
+        t = self._tick("accept", t)
+        self._compact(S, path)
+        new_valid = torch.arange(L, device=self.device)[None] < n_acc[:, None]
+        self.kv_bias = torch.cat([self.kv_bias, additive_mask(new_valid, self.dtype)[:, None, None, :]], -1)
+        t = self._tick("compact", t)
+        acc_tokens = ids.gather(1, path)
+        self.drafter.observe(
+            Accepted(acc_tokens, new_valid, pos.expand(B, -1).gather(1, path), self._feats_at(feats, hidden, logits, path))
+        )
+        self.next_pos = self.next_pos + n_acc
+        self._tick("observe", t)
+        return acc_tokens, n_acc, v.bonus
+
+    def _select(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.kv_bias = self.kv_bias[keep]
+        self.next_pos = self.next_pos[keep]
+        self.drafter.select_rows(keep)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int = 0) -> GenerateOutput:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        p = next(self.model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self.timings = defaultdict(float)
+        self.drafter.reset()
+        t = time.perf_counter()
+        root = self.prefill(prompts)
+        self._tick("prefill", t)
+        B = len(prompts)
+        out: list[list[int]] = [[] for _ in range(B)]
+        accepted: list[list[int]] = [[] for _ in range(B)]
+        forwards = [0] * B
+        live = list(range(B))  # batch row -> prompt index
+
+        def emit(row_tokens: list[list[int]]) -> list[int]:
+            """Append each live row's new tokens; returns the batch rows still going."""
+            going = []
+            for r, toks in enumerate(row_tokens):
+                o = out[live[r]]
+                for tok in toks:
+                    o.append(tok)
+                    if tok in self.eos_ids or len(o) >= max_new_tokens:
+                        break
+                else:
+                    going.append(r)
+            return going
+
+        going = emit([[x] for x in root.tolist()])
+        while True:
+            if len(going) < len(live):
+                if not going:
+                    break
+                keep = torch.tensor(going, device=self.device)
+                self._select(keep)
+                root = root[keep]
+                live = [live[r] for r in going]
+            acc_tokens, n_acc, bonus = self.step(root)
+            t = time.perf_counter()
+            n_list, acc_list, bonus_list = n_acc.tolist(), acc_tokens.tolist(), bonus.tolist()
+            for r, n in enumerate(n_list):
+                accepted[live[r]].append(n - 1)
+                forwards[live[r]] += 1
+            going = emit([acc_list[r][1:n] + [bonus_list[r]] for r, n in enumerate(n_list)])
+            root = bonus
+            self._tick("bookkeeping", t)
+        return GenerateOutput(out, accepted, forwards, self.spec.max_depth, dict(self.timings))

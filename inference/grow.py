@@ -1,0 +1,170 @@
+"""Growing a draft tree from a drafter's next-token function: static trees by rank, EAGLE-2 dynamic trees.
+
+A drafter supplies `expand(tokens, parents, depth) -> logits`: feed the draft nodes `tokens`
+[B, F] (target ids), whose parents are the earlier expanded nodes `parents` [B, F] (expanded-node
+ids: 0 is the root, then 1, 2, ... in the order nodes were fed; the root's parent is -1), and
+return the draft logits [B, F, V'] of the token after each. Medusa ignores tokens and parents
+(its head `depth` reads one hidden state); EAGLE feeds them through its decoder with a tree mask.
+`id_map` [V'] maps a reduced draft vocabulary to target ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from inference.drafter import DraftTree
+from inference.sampling import SamplingParams, warp
+from inference.trees import Tree
+
+Expand = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Level:
+    """One depth of a static tree: which nodes are expanded and how their children hang off them."""
+
+    expand_nodes: torch.Tensor  # [F] tree nodes at this depth that have children (root: [0])
+    child_nodes: torch.Tensor  # [C] tree nodes at depth + 1
+    child_from: torch.Tensor  # [C] index into expand_nodes of each child's parent
+    child_rank: torch.Tensor  # [C]
+    max_rank: int
+
+
+def static_levels(tree: Tree) -> list[Level]:
+    cached = tree._layouts.get("levels")
+    if cached is not None:
+        return cached
+    levels = []
+    for d in range(tree.max_depth):
+        children = [i + 1 for i, p in enumerate(tree.paths) if len(p) == d + 1]
+        parents = sorted({tree.parents[c - 1] for c in children})
+        pos = {n: j for j, n in enumerate(parents)}
+        levels.append(
+            Level(
+                expand_nodes=torch.tensor(parents),
+                child_nodes=torch.tensor(children),
+                child_from=torch.tensor([pos[tree.parents[c - 1]] for c in children]),
+                child_rank=torch.tensor([tree.ranks[c - 1] for c in children]),
+                max_rank=max(tree.ranks[c - 1] for c in children) + 1,
+            )
+        )
+    tree._layouts["levels"] = levels
+    return levels
+
+
+def _to_target(ids: torch.Tensor, id_map: torch.Tensor | None) -> torch.Tensor:
+    return ids if id_map is None else id_map[ids]
+
+
+def draw_without_replacement(
+    probs: torch.Tensor, n: int, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """n successive draws from probs [B, F, V], each from what is left renormalised.
+
+    Returns ids [B, F, n] and the distribution each draw actually came from, [B, F, n, V]: the
+    acceptance rule must divide by exactly that q.
+    """
+    cur = probs.clone()
+    ids, qs = [], []
+    for _ in range(n):
+        cur = cur / cur.sum(-1, keepdim=True)
+        x = torch.multinomial(cur.reshape(-1, cur.shape[-1]), 1, generator=generator).reshape(cur.shape[:-1])
+        ids.append(x)
+        qs.append(cur)
+        cur = cur.scatter(-1, x[..., None], 0.0)
+    return torch.stack(ids, -1), torch.stack(qs, -2)
+
+
+def grow_static(
+    expand: Expand,
+    root: torch.Tensor,
+    tree: Tree,
+    sampling: SamplingParams,
+    generator: torch.Generator | None = None,
+    children: Literal["topk", "sample"] = "topk",
+    id_map: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+) -> DraftTree:
+    """Fill a static tree level by level: the child of rank r is the r-th top token ("topk") or the
+    r-th draw without replacement from the warped draft distribution ("sample", not when greedy)."""
+    sample = children == "sample" and not sampling.greedy
+    B, N, dev = root.shape[0], tree.num_nodes, root.device
+    tokens = torch.zeros(B, N + 1, dtype=torch.long, device=dev)
+    tokens[:, 0] = root
+    exp_id = torch.full((N + 1,), -1, dtype=torch.long)  # tree node -> expanded-node id
+    exp_id[0] = 0
+    q = None
+    next_id = 1
+    logits = expand(root[:, None], torch.full((B, 1), -1, dtype=torch.long, device=dev), 0)
+    for d, lv in enumerate(static_levels(tree)):
+        if d > 0:  # feed the nodes at depth d that have children
+            nodes = lv.expand_nodes
+            par = exp_id[torch.tensor([tree.parents[n - 1] for n in nodes.tolist()])]
+            exp_id[nodes] = torch.arange(next_id, next_id + len(nodes))
+            next_id += len(nodes)
+            logits = expand(tokens[:, nodes.to(dev)], par.to(dev).expand(B, -1), d)
+        cf, cr, cn = lv.child_from.to(dev), lv.child_rank.to(dev), lv.child_nodes.to(dev)
+        if sample:
+            ids, qs = draw_without_replacement(warp(logits, sampling), lv.max_rank, generator)
+            picked = ids[:, cf, cr]
+            qd = qs[:, cf, cr]  # [B, C, V']
+            if q is None:
+                q = torch.zeros(B, N + 1, vocab_size or qd.shape[-1], device=dev)
+            if id_map is None:
+                q[:, cn] = qd
+            else:
+                q[:, cn] = torch.zeros(B, len(cn), q.shape[-1], device=dev).index_add_(2, id_map, qd)
+        else:
+            picked = logits.topk(lv.max_rank, dim=-1).indices[:, cf, cr]
+        tokens[:, cn] = _to_target(picked, id_map)
+    parents = torch.tensor(tree.parents, dtype=torch.long, device=dev)
+    return DraftTree(tokens[:, 1:], parents, q[:, 1:] if q is not None else None, static=tree)
+
+
+def grow_dynamic(
+    expand: Expand, root: torch.Tensor, depth: int, top_k: int, budget: int, id_map: torch.Tensor | None = None
+) -> DraftTree:
+    """EAGLE-2: expand the top_k nodes of highest cumulative draft log-probability at each depth,
+    each into its top_k children; after `depth` steps keep the `budget` best nodes of all candidates.
+
+    Children are picked deterministically (top-k), so q is one-hot and needs no storing. A child's
+    score never exceeds its parent's, and ties keep the earlier (parent) first, so the kept set
+    always contains every kept node's parent.
+    """
+    B, dev = root.shape[0], root.device
+    logp = torch.log_softmax(expand(root[:, None], torch.full((B, 1), -1, dtype=torch.long, device=dev), 0).float(), -1)
+    score, ids = logp[:, 0].topk(top_k, dim=-1)  # [B, k]
+    tok = _to_target(ids, id_map)
+    pool_tok, pool_score = [tok], [score.double()]
+    pool_parent = [torch.full((B, top_k), -1, dtype=torch.long, device=dev)]  # pool index, -1 = root
+    front_pool = torch.arange(top_k, device=dev).expand(B, top_k)  # pool indices of the frontier
+    front_tok, front_score = tok, score.double()
+    front_par_exp = torch.zeros(B, top_k, dtype=torch.long, device=dev)  # their parents' expanded ids
+    next_exp, size = 1, top_k
+    for d in range(1, depth):
+        logp = torch.log_softmax(expand(front_tok, front_par_exp, d).float(), -1)  # [B, k, V']
+        front_exp = torch.arange(next_exp, next_exp + top_k, device=dev).expand(B, top_k)
+        next_exp += top_k
+        val, ids = logp.topk(top_k, dim=-1)  # [B, k, k]
+        cand = (front_score[:, :, None] + val.double()).reshape(B, -1)
+        ctok = _to_target(ids, id_map).reshape(B, -1)
+        pool_tok.append(ctok)
+        pool_score.append(cand)
+        pool_parent.append(front_pool.repeat_interleave(top_k, dim=1))
+        best = cand.topk(top_k, dim=-1).indices  # [B, k], within this depth's candidates
+        front_par_exp = front_exp.gather(1, best // top_k)
+        front_pool = size + best
+        front_tok, front_score = ctok.gather(1, best), cand.gather(1, best)
+        size += top_k * top_k
+    tok, score, parent = torch.cat(pool_tok, 1), torch.cat(pool_score, 1), torch.cat(pool_parent, 1)
+    n = min(budget, size)
+    keep = score.sort(dim=-1, descending=True, stable=True).indices[:, :n].sort(dim=-1).values  # pool order
+    # Renumber: pool index -> tree node (1..n), root -> 0.
+    node_of = torch.zeros(B, size + 1, dtype=torch.long, device=dev)
+    node_of.scatter_(1, keep + 1, torch.arange(1, n + 1, device=dev).expand(B, n))
+    parents = node_of.gather(1, parent.gather(1, keep) + 1)
+    return DraftTree(tok.gather(1, keep), parents)
