@@ -186,3 +186,20 @@ class Medusa2Objective(nn.Module):
 
         self.heads.save_pretrained(folder)
         self.target.save_pretrained(str(Path(folder) / "lora"))
+
+
+@torch.no_grad()
+def topk_hits(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, topk: int = 10):
+    """Per head: (hits [topk] where hits[j] counts labels ranked within the top j+1, number of positions)."""
+    hidden = hidden.to(heads.lm_heads[0].weight.dtype)
+    out = []
+    for k0, (valid, labels) in enumerate(medusa_head_targets(input_ids, loss_mask, heads.config.num_heads)):
+        draft_ids = heads.to_draft_ids(labels[valid])
+        logits = heads.head_logits(k0, hidden[valid])
+        ranked = logits.topk(min(topk, logits.shape[-1]), dim=-1).indices
+        first_hit = (ranked == draft_ids[:, None]).float()
+        hits = first_hit.cumsum(-1).sum(0)  # OOV labels (-1) never match: a miss at every rank
+        if hits.numel() < topk:
+            hits = torch.cat([hits, hits[-1:].expand(topk - hits.numel())])
+        out.append((hits.cpu(), int(valid.sum())))
+    return out

@@ -161,3 +161,20 @@ def test_medusa2_adapter_saves_beside_heads_and_loads_with_peft(tmp_path):
         torch.testing.assert_close(reloaded(ids).logits, objective.target(ids).logits)
         # and the adapters really differ from the base model
         assert not torch.allclose(reloaded(ids).logits, tiny_llama(vocab_size=256, hidden_size=32)(ids).logits)
+
+
+def test_topk_hits_agree_with_training_metrics():
+    from heads.medusa_loss import topk_hits
+
+    torch.manual_seed(1)
+    target = tiny_llama(vocab_size=64, hidden_size=16)
+    vocab = DraftVocab(torch.arange(0, 64, 2, dtype=torch.int64), 64)
+    heads = MedusaHeads.from_target(target, num_heads=2, num_layers=1, vocab=vocab)
+    hidden, ids = torch.randn(2, 20, 16), torch.randint(0, 64, (2, 20))
+    mask = (torch.rand(2, 20) > 0.2).long()
+    metrics = medusa_loss(heads, hidden, ids, mask, 0.8).metrics
+    for k, (hits, n) in enumerate(topk_hits(heads, hidden, ids, mask, topk=10), start=1):
+        assert n == metrics[f"head{k}/positions"].item() and n > 0
+        assert hits[0].item() / n == pytest.approx(metrics[f"head{k}/top1"].item())
+        assert hits[4].item() / n == pytest.approx(metrics[f"head{k}/top5"].item())
+        assert torch.all(hits[1:] >= hits[:-1])

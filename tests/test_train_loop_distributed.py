@@ -64,6 +64,18 @@ def test_single_process_entry_script_trains_and_saves(recipe, tmp_path):
     assert len(seen) == 4 and all(len(b) == 2 for b in seen)
     assert json.loads((out / "run_config.json").read_text())["train"]["lr"] == 2e-3
 
+    # scripts/head_accuracy.py reads the run's own config, scores the validation split, writes JSON
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import head_accuracy
+
+    assert head_accuracy.main(["--checkpoint", str(out), "--topk", "5"]) == 0
+    report = json.loads((out / "head_accuracy.json").read_text())
+    assert report["rows"] == 4 and report["num_heads"] == 2 and len(report["accuracy"]) == 2
+    for accs, n in zip(report["accuracy"], report["positions"], strict=True):
+        assert len(accs) == 5 and n > 0 and all(0 <= a <= 1 for a in accs)
+        assert accs == sorted(accs)  # top-j accuracy never falls as j grows
+    assert set(report["per_domain"]) == {"chat"} and report["per_domain"]["chat"]["accuracy"] == report["accuracy"]
+
 
 @pytest.mark.slow
 def test_two_cpu_processes_split_the_data(recipe, tmp_path):

@@ -126,7 +126,8 @@ def _unflatten(d: dict[str, torch.Tensor]) -> TargetFeatures:
     )
 
 
-def _rows(ds, indices: list[int]) -> list[dict]:
+def select_rows(ds, indices: list[int]) -> list[dict]:
+    """Rows `indices` of a datasets.Dataset as dicts, each with its `row_index`."""
     cols = ds[indices]
     rows = [dict(zip(cols.keys(), vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
     for r, i in zip(rows, indices, strict=True):
@@ -256,7 +257,7 @@ def train(
         with torch.no_grad():
             batches = val_order.batches(0)
             for idx in batches:
-                batch = to_device(collate_fn(_rows(val_rows, idx)))
+                batch = to_device(collate_fn(select_rows(val_rows, idx)))
                 feats = feature_source(batch) if feature_source is not None else TargetFeatures()
                 for k, v in model(batch, _flatten(feats)).items():
                     sums[k] = sums.get(k, 0.0) + v.detach().float()
@@ -287,7 +288,7 @@ def train(
             if rows_log is not None:
                 with rows_log.open("a") as f:
                     f.write(json.dumps({"step": state.step + 1, "rows": idx}) + "\n")
-            batch = to_device(collate_fn(_rows(train_rows, idx)))
+            batch = to_device(collate_fn(select_rows(train_rows, idx)))
             feats = feature_source(batch) if feature_source is not None else TargetFeatures()
             with accelerator.accumulate(model):
                 outputs = model(batch, _flatten(feats))
