@@ -53,7 +53,8 @@ def medusa_loss(
     """Sum over heads of decay^k * CE, computed only at each head's valid positions (cheap: no [B, T, V'] tensor)."""
     if hidden.shape[:2] != input_ids.shape:
         raise ValueError(f"hidden states {tuple(hidden.shape)} do not match input_ids {tuple(input_ids.shape)}")
-    hidden = hidden.to(heads.lm_heads[0].weight.dtype)
+    if not torch.is_autocast_enabled(hidden.device.type):  # under autocast the matmuls cast it themselves
+        hidden = hidden.to(heads.lm_heads[0].weight.dtype)
     total = hidden.new_zeros((), dtype=torch.float32)
     metrics: dict[str, torch.Tensor] = {}
     for k0, (valid, labels) in enumerate(medusa_head_targets(input_ids, loss_mask, heads.config.num_heads)):
@@ -62,10 +63,8 @@ def medusa_loss(
         target_ids = labels[valid]
         draft_ids = heads.to_draft_ids(target_ids)
         logits = heads.head_logits(k0, h).float()  # [N, V']
-        in_vocab = draft_ids >= 0
-        n_vocab = int(in_vocab.sum())
-        if n_vocab > 0:
-            ce = F.cross_entropy(logits[in_vocab], draft_ids[in_vocab])
+        if bool((draft_ids >= 0).any()):  # ignore_index, not a boolean gather: no [N, V'] copy and scatter
+            ce = F.cross_entropy(logits, torch.where(draft_ids >= 0, draft_ids, -100), ignore_index=-100)
         else:  # keep every weight in the graph (DDP expects gradients for all of them)
             ce = logits.sum() * 0.0
         total = total + (decay**k) * ce

@@ -192,3 +192,13 @@ def test_cached_features_carried_in_the_batch_train_identically(tmp_path):
         results[name] = load_file(tmp_path / name / "model.safetensors")
     for k in results["online"]:
         torch.testing.assert_close(results["online"][k], results["cached"][k], rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_mixed_precision_trains_fp32_master_weights(tmp_path):
+    target = tiny_llama(vocab_size=128, hidden_size=32)
+    result = _run(tmp_path, target, synthetic_rows(8, 128), mixed_precision="bf16", max_steps=3, save_every=0, eval_every=0)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert saved["lm_heads.0.weight"].dtype == torch.float32
+    assert all(v == v for v in result.val_metrics.values())  # finite, not NaN
+    fresh = MedusaHeads.from_target(target, num_heads=2, num_layers=1).state_dict()
+    assert not torch.equal(fresh["blocks.0.layers.0.weight"], saved["blocks.0.layers.0.weight"])

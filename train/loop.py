@@ -104,11 +104,11 @@ class ObjectiveModule(nn.Module):
         self.objective = objective
 
     def forward(self, batch: dict[str, torch.Tensor], features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self.objective.training_loss(batch, _unflatten(features))
+        out = self.objective.training_loss(batch, unflatten_features(features))
         return {"loss": out.loss, **out.metrics}
 
 
-def _flatten(f: TargetFeatures) -> dict[str, torch.Tensor]:
+def flatten_features(f: TargetFeatures) -> dict[str, torch.Tensor]:
     # Plain dicts of tensors travel through DDP's input handling on every backend.
     d = {f"layer.{i}": t for i, t in f.layers.items()}
     if f.final_normed is not None:
@@ -118,7 +118,7 @@ def _flatten(f: TargetFeatures) -> dict[str, torch.Tensor]:
     return d
 
 
-def _unflatten(d: dict[str, torch.Tensor]) -> TargetFeatures:
+def unflatten_features(d: dict[str, torch.Tensor]) -> TargetFeatures:
     return TargetFeatures(
         layers={int(k.split(".", 1)[1]): v for k, v in d.items() if k.startswith("layer.")},
         final_normed=d.get("final_normed"),
@@ -259,7 +259,7 @@ def train(
             for idx in batches:
                 batch = to_device(collate_fn(select_rows(val_rows, idx)))
                 feats = feature_source(batch) if feature_source is not None else TargetFeatures()
-                for k, v in model(batch, _flatten(feats)).items():
+                for k, v in model(batch, flatten_features(feats)).items():
                     sums[k] = sums.get(k, 0.0) + v.detach().float()
         model.train()
         means = _reduce_mean(accelerator, {k: v / len(batches) for k, v in sums.items()})
@@ -291,7 +291,7 @@ def train(
             batch = to_device(collate_fn(select_rows(train_rows, idx)))
             feats = feature_source(batch) if feature_source is not None else TargetFeatures()
             with accelerator.accumulate(model):
-                outputs = model(batch, _flatten(feats))
+                outputs = model(batch, flatten_features(feats))
                 loss = outputs["loss"]
                 if not all_finite(loss):
                     bar.close()
