@@ -143,7 +143,6 @@ class Eagle1Objective(EagleObjective):
                 feat = diff / (n * pred.shape[-1])
                 metrics["feature_loss"] = feat.detach()
                 loss = cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce
-        metrics["loss"] = loss.detach()
         return LossOutput(loss=loss, metrics=metrics)
 
 
@@ -183,7 +182,6 @@ class Eagle3Objective(EagleObjective):
             loss = loss + cfg.step_decay**i * ce
             self._step_metrics(metrics, i, logits, labels, ce)
             metrics[f"in_vocab_step{i + 1}"] = in_vocab.float().sum().detach() / max(1, in_vocab.numel())
-        metrics["loss"] = loss.detach()
         return LossOutput(loss=loss, metrics=metrics)
 
 
