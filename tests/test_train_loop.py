@@ -202,3 +202,13 @@ def test_bf16_mixed_precision_trains_fp32_master_weights(tmp_path):
     assert all(v == v for v in result.val_metrics.values())  # finite, not NaN
     fresh = MedusaHeads.from_target(target, num_heads=2, num_layers=1).state_dict()
     assert not torch.equal(fresh["blocks.0.layers.0.weight"], saved["blocks.0.layers.0.weight"])
+
+
+def test_wandb_tracker_runs_offline_without_login(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    target = tiny_llama(vocab_size=128, hidden_size=32)
+    _run(tmp_path / "run", target, synthetic_rows(6, 128), report_to="wandb", max_steps=2, save_every=0, eval_every=0)
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0

@@ -77,6 +77,17 @@ def test_single_process_entry_script_trains_and_saves(recipe, tmp_path):
     assert set(report["per_domain"]) == {"chat"} and report["per_domain"]["chat"]["accuracy"] == report["accuracy"]
 
 
+def test_medusa2_entry_saves_heads_and_adapter(recipe, tmp_path):
+    from train.medusa import main
+
+    cfg = recipe("m2", max_steps=3)
+    assert main(["--config", str(cfg), "medusa.lora=true", "medusa.lora_r=4", "medusa.heads_only_steps=1"]) == 0
+    out = tmp_path / "m2"
+    assert (out / "model.safetensors").is_file() and (out / "lora" / "adapter_model.safetensors").is_file()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+    assert [r["train/lr_group1"] == 0 for r in rows] == [True, False, False]  # adapters join after stage 1
+
+
 @pytest.mark.slow
 def test_two_cpu_processes_split_the_data(recipe, tmp_path):
     # 16 rows, 2 per rank per step, 2 ranks: 4 steps are exactly one epoch.

@@ -273,6 +273,7 @@ def train(
     interval: dict[str, torch.Tensor] = {}
     interval_micro, interval_tokens, t_start = 0, 0, time.perf_counter()
     val_metrics: dict[str, float] = {}
+    step_lrs = [g["lr"] for g in optimizer.param_groups]
     bar = tqdm(total=total_steps, initial=state.step, disable=not main, desc="train", dynamic_ncols=True)
 
     while state.step < total_steps:
@@ -310,6 +311,7 @@ def train(
                         raise NonFiniteLossError(
                             f"gradient norm is {float(grad_norm)} at step {state.step + 1}; stopped without saving: {last_good()}"
                         )
+                    step_lrs = [g["lr"] for g in optimizer.param_groups]  # the lr this step used
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
@@ -329,12 +331,12 @@ def train(
             metrics = {f"train/{k}": v for k, v in means.items()}
             metrics["train/tokens_per_s"] = tokens / max(elapsed, 1e-9)
             metrics["train/epoch"] = state.epoch + state.batch_in_epoch / max(1, len(epoch_batches))
-            for i, g in enumerate(optimizer.param_groups):
-                metrics[f"train/lr_group{i}"] = g["lr"]
+            for i, lr in enumerate(step_lrs):
+                metrics[f"train/lr_group{i}"] = lr
             if grad_norm is not None:
                 metrics["train/grad_norm"] = float(grad_norm)
             log(metrics, "train")
-            bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+            bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{step_lrs[0]:.2e}")
             interval, interval_micro, interval_tokens, t_start = {}, 0, 0, time.perf_counter()
         if cfg.eval_every and state.step % cfg.eval_every == 0 and not last:
             val_metrics = evaluate()
