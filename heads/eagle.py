@@ -172,6 +172,29 @@ class DraftStep:
     logits: torch.Tensor  # [B, q, V_draft] (EAGLE-1: the full target vocabulary)
 
 
+@dataclass
+class UnrolledStep:
+    """One step of the training-time unroll, on Q anchors per row."""
+
+    hidden: torch.Tensor  # [B, Q, h] the step's output features (predict token anchor+2+i)
+    index: torch.Tensor  # [B, Q] the anchor positions t
+    valid: torch.Tensor  # bool [B, Q]: a real anchor (not padding of the gathered set)
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, ...] at this step's anchors -> [B, Q, ...]."""
+        idx = self.index.reshape(*self.index.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+        return x.gather(1, idx)
+
+
+def anchor_index(anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool [B, T] -> (positions [B, A] in order, padded with 0; valid [B, A]), A = the most anchors in a row."""
+    counts = anchors.sum(1)
+    A = max(1, int(counts.max()))
+    order = torch.argsort((~anchors).to(torch.int8), dim=1, stable=True)[:, :A]
+    valid = torch.arange(A, device=anchors.device)[None] < counts[:, None]
+    return torch.where(valid, order, torch.zeros_like(order)), valid
+
+
 # ---------------------------------------------------------------- drafters
 
 
@@ -292,24 +315,35 @@ class EagleDrafter(nn.Module):
         attention_mask: torch.Tensor,
         steps: int,
         pad_id: int = 0,
-    ) -> list[torch.Tensor]:
-        """Training-time test: `steps` draft steps from every anchor t at once; returns each step's features [B, T, h].
+        anchors: torch.Tensor | None = None,
+    ) -> list[UnrolledStep]:
+        """Training-time test: `steps` draft steps from every anchor t at once.
 
         Step i at anchor t reads token t+1+i and step i-1's output feature at t (step 0: the target's
         feature f_t), sits at position t+i, and attends to step-0 keys s <= t plus its own chain at t:
         what drafting from anchor t sees. Its output predicts token t+2+i.
+        Step 0 runs on every position (all are keys); steps >= 1 run only on `anchors` (bool [B, T],
+        e.g. the positions whose chain stays inside an answer) when given: same results there, less work.
         """
         B, T = input_ids.shape
         block_mask = eagle_attention.causal_mask(attention_mask, self.dtype)
         cache = self.new_cache()
-        base_positions = torch.arange(T, device=input_ids.device)[None].expand(B, -1)
-        hidden, outs = features, []
-        for i in range(steps):
-            ids_i = shift_left(input_ids, 1 + i, fill=pad_id)
-            hidden = self.forward_hidden(
-                ids_i, hidden, base_positions + i, block_mask, cache, eagle_ttt_block=T
-            )
-            outs.append(hidden)
+        positions = torch.arange(T, device=input_ids.device)[None].expand(B, -1)
+        ids_0 = shift_left(input_ids, 1, fill=pad_id)
+        hidden = self.forward_hidden(ids_0, features, positions, block_mask, cache, eagle_ttt_block=T)
+        outs = [UnrolledStep(hidden, positions, attention_mask.bool())]
+        if steps == 1:
+            return outs
+        if anchors is None:
+            index, valid = positions, attention_mask.bool()
+        else:
+            index, valid = anchor_index(anchors)
+        rows_mask = block_mask.gather(2, index[:, None, :, None].expand(-1, 1, -1, T))
+        hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+        for i in range(1, steps):
+            ids_i = shift_left(input_ids, 1 + i, fill=pad_id).gather(1, index)
+            hidden = self.forward_hidden(ids_i, hidden, index + i, rows_mask, cache, eagle_ttt_block=T)
+            outs.append(UnrolledStep(hidden, index, valid))
         return outs
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -9,9 +9,9 @@ The drafter's decoder layer is transformers' own class; its attention module loo
 it is given; with `eagle_ttt_block=T` it computes the unrolled-step attention of EAGLE-3's training-time
 test without materialising the (steps x T)^2 mask:
 
-- the key/value cache holds step 0 .. step i, T positions each (step 0 first);
-- the query of step i at position t sees step-0 keys at positions s <= t (the causal block, with padding,
-  given as `attention_mask` [B, 1, T, T]) and, of every later step j <= i, only the key at the same t.
+- the key/value cache holds step 0 (all T positions) then steps 1 .. i (one key per anchor each);
+- the query of step i at anchor t sees step-0 keys at positions s <= t (the causal block, with padding,
+  given as `attention_mask` [B, 1, Q, T]) and, of every later step j <= i, only the key at the same t.
 
 That is exactly what drafting from anchor t sees: the target-fed cache up to t, then its own chain.
 """
@@ -71,24 +71,28 @@ def eager_attention(module, query, key, value, attention_mask, dropout=0.0, scal
 
 
 def ttt_attention(module, query, key, value, attention_mask, block: int, dropout=0.0, scaling=None):
-    """Step i of the unroll: causal block over step-0 keys + the diagonal of each later step."""
-    T = block
-    if query.shape[2] != T or key.shape[2] % T:
-        raise ValueError(
-            f"TTT attention: {query.shape[2]} queries and {key.shape[2]} keys for a block of {T}"
-        )
-    steps = key.shape[2] // T
+    """Step i of the unroll: causal block over the T step-0 keys + the diagonal of each later step.
+
+    Queries: Q anchors (Q = T at step 0; steps >= 1 may run on a gathered subset of anchors). Keys: the
+    T step-0 keys, then Q keys per later step in the same anchor order. `attention_mask` [B, 1, Q, T]
+    is the causal/padding block of those anchors' rows.
+    """
+    T, Q = block, query.shape[2]
+    if key.shape[2] < T or (key.shape[2] - T) % Q:
+        raise ValueError(f"TTT attention: {Q} queries and {key.shape[2]} keys for a step-0 block of {T}")
+    later = (key.shape[2] - T) // Q
     groups = query.shape[1] // key.shape[1]
     key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     scores = [torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling + attention_mask[..., :T]]
-    for j in range(1, steps):  # step j's key at the query's own position only
-        scores.append((query * key[:, :, j * T : (j + 1) * T]).sum(-1, keepdim=True) * scaling)
+    for j in range(later):  # step j+1's key at the query's own anchor only
+        k_j = key[:, :, T + j * Q : T + (j + 1) * Q]
+        scores.append((query * k_j).sum(-1, keepdim=True) * scaling)
     probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
     probs = F.dropout(probs, p=dropout, training=module.training)
     out = torch.matmul(probs[..., :T], value[:, :, :T])
-    for j in range(1, steps):
-        out = out + probs[..., T + j - 1 : T + j] * value[:, :, j * T : (j + 1) * T]
+    for j in range(later):
+        out = out + probs[..., T + j : T + j + 1] * value[:, :, T + j * Q : T + (j + 1) * Q]
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -125,22 +125,25 @@ class Eagle1Objective(EagleObjective):
         if self.training and cfg.noise > 0:
             z_in = z + (torch.rand_like(z) - 0.5) * cfg.noise
         steps = 1 if self.training else cfg.unroll_steps
-        hidden = d.unroll(batch["input_ids"], z_in, batch["attention_mask"], steps, self.pad_id)
+        ids, attn = batch["input_ids"], batch["attention_mask"]
+        anchors = align_step(batch, 1, self.pad_id).mask if steps > 1 else None
         metrics: dict[str, torch.Tensor] = {}
         loss = None
-        for i, h in enumerate(hidden):
+        for i, u in enumerate(d.unroll(ids, z_in, attn, steps, self.pad_id, anchors=anchors)):
             al = align_step(batch, i, self.pad_id)
-            m = al.mask
+            m = u.take(al.mask) & u.valid
             n = m.sum().clamp_min(1)
-            pred = h[m]
+            pred = u.hidden[m]
             logits = d.logits(pred)
             with torch.no_grad():
-                target_logits = d.target_logits(shift_left(raw, 1 + i)[m].float())
+                target_logits = d.target_logits(u.take(shift_left(raw, 1 + i))[m].float())
             ce = _soft_ce_sum(target_logits, logits) / n
-            self._step_metrics(metrics, i, logits, al.labels[m], ce)
+            self._step_metrics(metrics, i, logits, u.take(al.labels)[m], ce)
             if i == 0:
-                diff = F.smooth_l1_loss(pred.float(), shift_left(z, 1)[m].float(), reduction="sum")
-                feat = diff / (n * pred.shape[-1])
+                target_z = u.take(shift_left(z, 1))[m]
+                feat = F.smooth_l1_loss(pred.float(), target_z.float(), reduction="sum") / (
+                    n * pred.shape[-1]
+                )
                 metrics["feature_loss"] = feat.detach()
                 loss = cfg.feature_loss_weight * feat + cfg.token_loss_weight * ce
         return LossOutput(loss=loss, metrics=metrics)
@@ -167,17 +170,19 @@ class Eagle3Objective(EagleObjective):
                 "EAGLE-3 training needs the target's final normed hidden state (features.final_normed)"
             )
         fused = d.features_from_target(feats)
-        hidden = d.unroll(batch["input_ids"], fused, batch["attention_mask"], cfg.unroll_steps, self.pad_id)
+        ids, attn, steps = batch["input_ids"], batch["attention_mask"], cfg.unroll_steps
+        anchors = align_step(batch, 1, self.pad_id).mask if steps > 1 else None
         metrics: dict[str, torch.Tensor] = {}
         loss = fused.new_zeros((), dtype=torch.float32)
-        for i, h in enumerate(hidden):
+        for i, u in enumerate(d.unroll(ids, fused, attn, steps, self.pad_id, anchors=anchors)):
             al = align_step(batch, i, self.pad_id)
-            m = al.mask
-            labels = al.labels[m]
+            m = u.take(al.mask) & u.valid
+            labels = u.take(al.labels)[m]
             in_vocab = d.t2d[labels]
-            logits = d.logits(h[m])
+            logits = d.logits(u.hidden[m])
             with torch.no_grad():
-                target = self.draft_vocab_target_logits(shift_left(feats.final_normed, 1 + i)[m][in_vocab])
+                normed = u.take(shift_left(feats.final_normed, 1 + i))[m][in_vocab]
+                target = self.draft_vocab_target_logits(normed)
             ce = _soft_ce_sum(target, logits[in_vocab]) / in_vocab.sum().clamp_min(1)
             loss = loss + cfg.step_decay**i * ce
             self._step_metrics(metrics, i, logits, labels, ce)

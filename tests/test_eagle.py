@@ -65,7 +65,7 @@ def test_unroll_matches_step_by_step_drafting(target, version, attn_impl):
     ids, attn = _batch(lengths)
     z = _features(d, target, ids, attn)
     with torch.no_grad():
-        unrolled = [d.logits(h) for h in d.unroll(ids, z, attn, steps, pad_id=2)]
+        unrolled = [d.logits(u.hidden) for u in d.unroll(ids, z, attn, steps, pad_id=2)]
         checked = 0
         for b, n in enumerate(lengths):
             for t in range(0, n - 1):
@@ -84,13 +84,34 @@ def test_unroll_matches_step_by_step_drafting(target, version, attn_impl):
     assert checked > 20
 
 
+@pytest.mark.parametrize("version", [1, 3])
+def test_unroll_on_an_anchor_subset_equals_the_full_unroll(target, version):
+    """Steps >= 1 on gathered anchors only (the training path) give the full unroll's values there."""
+    d = _drafter(version, target)
+    ids, attn = _batch([12, 9, 11])
+    z = _features(d, target, ids, attn)
+    g = torch.Generator().manual_seed(3)
+    anchors = (torch.rand(ids.shape, generator=g) < 0.4) & attn.bool()
+    anchors[2] = False  # a row without anchors
+    with torch.no_grad():
+        full = d.unroll(ids, z, attn, 4, pad_id=2)
+        part = d.unroll(ids, z, attn, 4, pad_id=2, anchors=anchors)
+    assert part[1].hidden.shape[1] == int(anchors.sum(1).max()) < ids.shape[1]
+    for i in range(1, 4):
+        u = part[i]
+        assert int(u.valid.sum()) == int(anchors.sum())
+        want = full[i].hidden.gather(1, u.index[..., None].expand(-1, -1, H))[u.valid]
+        torch.testing.assert_close(u.hidden[u.valid], want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(u.index[u.valid], anchors.nonzero()[:, 1])
+
+
 def test_unroll_is_not_plain_causal_over_drafted_positions(target):
     """The reference is sensitive: a causal mask over step i's own positions would differ from the chain."""
     d = _drafter(3, target)
     ids, attn = _batch([10])
     z = _features(d, target, ids, attn)
     with torch.no_grad():
-        h = d.unroll(ids, z, attn, 2, pad_id=2)
+        h = [u.hidden for u in d.unroll(ids, z, attn, 2, pad_id=2)]
         # what a naive implementation does: step 1 as an ordinary causal pass over step-0 outputs
         naive = d.step(torch.cat([ids[:, 2:], ids[:, :2]], 1), h[0], torch.arange(10) + 1, d.new_cache())
     assert (d.logits(h[1])[0, 3:8] - naive.logits[0, 3:8]).abs().max() > 1e-3
@@ -118,12 +139,14 @@ def test_save_load_identical_logits_and_engine_names(tmp_path, target, version):
     ids, attn = _batch([10, 7])
     z = _features(d, target, ids, attn)
     with torch.no_grad():
-        before = [d.logits(h) for h in d.unroll(ids, z, attn, 3, pad_id=2)]
+        before = [d.logits(u.hidden) for u in d.unroll(ids, z, attn, 3, pad_id=2)]
     d.save_pretrained(tmp_path)
     e = load_drafter(tmp_path, target)
     assert type(e) is type(d)
     with torch.no_grad():
-        after = [e.logits(h) for h in e.unroll(ids, _features(e, target, ids, attn), attn, 3, pad_id=2)]
+        after = [
+            e.logits(u.hidden) for u in e.unroll(ids, _features(e, target, ids, attn), attn, 3, pad_id=2)
+        ]
     for x, y in zip(before, after, strict=True):
         assert torch.equal(x, y)
 
