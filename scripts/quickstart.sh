@@ -2,6 +2,7 @@
 # The main job end to end on the built-in default (SmolLM2-135M-Instruct on this machine's CPU):
 # creates or reuses .venv, installs headway, prepares the target, then
 #   1. self-distills a small prompt mix          -> runs/quickstart/data
+#   2. trains Medusa-1 heads on the frozen target -> runs/quickstart/medusa (+ head_accuracy.json)
 # Outputs go under runs/quickstart/ (override with QUICKSTART_DIR). Rerunning resumes finished work.
 source "$(dirname "$0")/_env.sh"
 OUT=${QUICKSTART_DIR:-runs/quickstart}
@@ -15,5 +16,10 @@ echo "== 1. self-distillation: the target answers $PROMPTS_PER_SOURCE prompts pe
 python scripts/generate_data.py --config configs/smollm2-135m/data.yaml \
   data.output_dir="$OUT/data" data.max_prompts_per_source="$PROMPTS_PER_SOURCE" \
   data.generation.max_new_tokens=192
+
+echo "== 2. Medusa-1 heads on the frozen target (resumes from the newest checkpoint)"
+python train/medusa.py --config configs/smollm2-135m/medusa.yaml \
+  data.output_dir="$OUT/data" train.output_dir="$OUT/medusa" train.eval_every=50 train.save_every=50
+python scripts/head_accuracy.py --checkpoint "$OUT/medusa"
 
 echo "== done in $(( $(date +%s) - start )) s; outputs under $OUT/"
