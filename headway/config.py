@@ -90,6 +90,10 @@ class MedusaConfig:
     heads_only_steps: int = 0  # Medusa-2 stage 1: train the heads alone for this many steps
     lora_lr_ratio: float = 0.25  # adapters' lr = train.lr * this
     fc_bias: bool = True  # bias in the residual blocks' linears (the original Medusa has one)
+    # offline: the target's final normed states are extracted once into feature_cache_dir (Medusa-1 only),
+    # so every epoch after the first costs only the heads.
+    hidden_states: Literal["online", "offline"] = "online"
+    feature_cache_dir: str | None = None
 
 
 @dataclass
