@@ -19,7 +19,8 @@ python scripts/generate_data.py --config configs/smollm2-135m/data.yaml \
 
 echo "== 2. Medusa-1 heads on the frozen target (resumes from the newest checkpoint)"
 python train/medusa.py --config configs/smollm2-135m/medusa.yaml \
-  data.output_dir="$OUT/data" train.output_dir="$OUT/medusa" train.eval_every=50 train.save_every=50
+  data.output_dir="$OUT/data" medusa.feature_cache_dir="$OUT/features-medusa" train.output_dir="$OUT/medusa" \
+  train.eval_every=50 train.save_every=50
 python scripts/head_accuracy.py --checkpoint "$OUT/medusa"
 
 echo "== done in $(( $(date +%s) - start )) s; outputs under $OUT/"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from train_helpers import reset_accelerate, write_dataset, write_tiny_target
 
@@ -108,3 +109,23 @@ def test_two_cpu_processes_split_the_data(recipe, tmp_path):
     assert (out / "model.safetensors").is_file() and not (out / "rows_rank2.jsonl").exists()
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["step"] == 4
+
+
+def test_offline_feature_cache_trains_like_online(recipe, tmp_path):
+    from safetensors.torch import load_file
+
+    from train.medusa import main
+
+    assert main(["--config", str(recipe("online"))]) == 0
+    reset_accelerate()
+    cache = tmp_path / "cache"
+    offline = ["--config", str(recipe("offline")), "medusa.hidden_states=offline", f"medusa.feature_cache_dir={cache}"]
+    assert main([*offline, "--cache-only"]) == 0
+    assert (cache / "manifest.json").is_file() and not (tmp_path / "offline" / "model.safetensors").exists()
+    reset_accelerate()
+    assert main(offline) == 0
+    a, b = load_file(tmp_path / "online" / "model.safetensors"), load_file(tmp_path / "offline" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    with pytest.raises(SystemExit):  # Medusa-2 trains the target: cached states would be stale
+        main([*offline, "medusa.lora=true"])

@@ -3,19 +3,27 @@
     python train/medusa.py --config configs/smollm2-135m/medusa.yaml [train.max_steps=100 ...]
     accelerate launch --config_file configs/accelerate/cpu.yaml --num_processes 2 \\
         train/medusa.py --config configs/smollm2-135m/medusa.yaml
+    python train/medusa.py --config configs/smollm2-135m/medusa.yaml medusa.hidden_states=offline --cache-only
     python scripts/head_accuracy.py --checkpoint runs/smollm2-135m/medusa
 
 Writes train.output_dir/{config.json, model.safetensors} (+ lora/ for Medusa-2), checkpoints/, metrics.jsonl.
+With `medusa.hidden_states: offline` the target's final normed states are extracted once into
+medusa.feature_cache_dir (resumable; a single-process run builds it first, or `--cache-only` does just
+that) and training reads them from there: the same batches, and no target forward after the cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from data.dataset import load_distilled, load_meta
-from data.features import OnlineFeatures
+from data.feature_cache import FeatureCache, with_split_column, write_cache
+from data.features import BatchFeatures, OnlineFeatures
+from heads.base import FeatureSpec
 from heads.medusa import MedusaHeads
 from heads.medusa_loss import Medusa2Objective, MedusaObjective
 from heads.vocab import build_draft_vocab, coverage
@@ -60,9 +68,34 @@ def check_data_target(dataset_dir: str, target, tok, name: str) -> None:
             )
 
 
+MEDUSA_SPEC = FeatureSpec(final_normed=True)
+
+
+def ensure_feature_cache(cfg: Config, target, tok, ds, accelerator) -> FeatureCache:
+    """The offline cache of final normed states, written (or finished) here when a single process runs."""
+    folder = cfg.medusa.feature_cache_dir
+    if not folder:
+        raise ValueError("medusa.hidden_states is offline but medusa.feature_cache_dir is not set")
+    manifest = Path(folder) / "manifest.json"
+    if not (manifest.is_file() and json.loads(manifest.read_text()).get("complete")):
+        if accelerator.num_processes > 1:
+            raise RuntimeError(
+                f"the feature cache {folder} is not complete: build it first with one process, "
+                f"`python train/medusa.py --config <recipe> --cache-only`"
+            )
+        write_cache(
+            target, ds, MEDUSA_SPEC, folder, max_len=cfg.train.max_seq_len, pad_id=tok.pad_token_id,
+            target_fingerprint=target_fingerprint(target, tok, cfg.target.name),
+        )
+    cache = FeatureCache(folder)
+    cache.check(MEDUSA_SPEC, target_fingerprint(target, tok, cfg.target.name), ds, max_len=cfg.train.max_seq_len)
+    return cache
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a medusa recipe YAML, e.g. configs/smollm2-135m/medusa.yaml")
+    parser.add_argument("--cache-only", action="store_true", help="only build medusa.feature_cache_dir, then stop")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=50")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
@@ -75,8 +108,18 @@ def main(argv: list[str] | None = None) -> int:
     target, tok = load_target(cfg.target, device=accelerator.device)
     check_data_target(dataset_dir, target, tok, cfg.target.name)
     ds = load_distilled(dataset_dir)
+    offline = m.hidden_states == "offline"
+    if offline and m.lora:
+        parser.error("Medusa-2 (medusa.lora: true) trains the target: it needs medusa.hidden_states: online")
+    if args.cache_only and not offline:
+        parser.error("--cache-only needs medusa.hidden_states=offline")
+    cache = ensure_feature_cache(cfg, target, tok, ds, accelerator) if offline else None
+    if args.cache_only:
+        accelerator.print(f"feature cache complete: {cache.folder} ({cache.bytes_on_disk / 2**30:.2f} GiB)")
+        return 0
     heads = build_heads(cfg, target, tok, ds["train"], log=accelerator.print)
 
+    train_rows, val_rows, collate_fn = ds["train"], ds.get("validation"), None
     if m.lora:
         from peft import LoraConfig, get_peft_model
 
@@ -87,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
             get_peft_model(target, lora), heads, m.loss_decay, m.medusa2_lambda, m.heads_only_steps, m.lora_lr_ratio
         )
         feature_source = None  # Medusa-2 runs the target inside its objective, with gradients
+    elif offline:
+        objective = MedusaObjective(heads, m.loss_decay)
+        feature_source = BatchFeatures(objective.feature_spec())
+        collate_fn = cache.collate_fn(objective.feature_spec(), pad_id=tok.pad_token_id, max_len=tc.max_seq_len)
+        train_rows = with_split_column(train_rows, "train")
+        val_rows = with_split_column(val_rows, "validation") if val_rows is not None else None
+        del target  # the heads copied what they need; training never runs the target
     else:
         objective = MedusaObjective(heads, m.loss_decay)
         feature_source = OnlineFeatures(target, objective.feature_spec())
@@ -94,12 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = train(
             objective,
-            ds["train"],
-            ds.get("validation"),
+            train_rows,
+            val_rows,
             tc,
             accelerator,
             pad_id=tok.pad_token_id,
             feature_source=feature_source,
+            collate_fn=collate_fn,
             run_config=asdict(cfg),
         )
     except NonFiniteLossError as e:
