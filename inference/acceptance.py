@@ -38,7 +38,9 @@ def accept_greedy(logits, tokens, parents, anc, depth) -> Verdict:
     return Verdict(best, pred.gather(1, best[:, None])[:, 0])
 
 
-def accept_typical(logits, tokens, parents, anc, depth, s: SamplingParams, threshold: float, alpha: float, generator=None) -> Verdict:
+def accept_typical(
+    logits, tokens, parents, anc, depth, s: SamplingParams, threshold: float, alpha: float, generator=None
+) -> Verdict:
     """Medusa's typical acceptance (NOT lossless): a token passes when the target gives it more than
     min(threshold, alpha * exp(-entropy)) of its probability. At temperature 0 it is greedy."""
     if s.greedy:
@@ -60,7 +62,11 @@ def children_table(parents: torch.Tensor) -> torch.Tensor:
     Q = N + 1
     node = torch.arange(1, Q, device=parents.device).expand(B, N)
     is_child = torch.zeros(B, Q, Q, dtype=torch.bool, device=parents.device)
-    is_child.scatter_(2, node[:, None, :].expand(B, Q, N), parents[:, None, :].expand(B, Q, N) == torch.arange(Q, device=parents.device)[None, :, None])
+    is_child.scatter_(
+        2,
+        node[:, None, :].expand(B, Q, N),
+        parents[:, None, :].expand(B, Q, N) == torch.arange(Q, device=parents.device)[None, :, None],
+    )
     C = max(1, int(is_child.sum(-1).max()))
     key = torch.where(is_child, torch.arange(Q, device=parents.device), Q)
     kids = key.sort(-1).values[..., :C]
@@ -76,7 +82,14 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def accept_sampling(
-    logits, tokens, parents, q, s: SamplingParams, generator=None, kids: torch.Tensor | None = None, correction=residual
+    logits,
+    tokens,
+    parents,
+    q,
+    s: SamplingParams,
+    generator=None,
+    kids: torch.Tensor | None = None,
+    correction=residual,
 ) -> Verdict:
     """Lossless speculative sampling over a tree (SpecInfer's multi-draft rule).
 

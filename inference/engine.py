@@ -68,7 +68,7 @@ class SpecEngine:
         model,
         drafter: Drafter,
         spec: TreeSpec,
-        sampling: SamplingParams = SamplingParams(),
+        sampling: SamplingParams | None = None,
         acceptance: Literal["exact", "typical"] = "exact",
         eos_ids: set[int] | None = None,
         pad_id: int = 0,
@@ -76,7 +76,8 @@ class SpecEngine:
         typical_alpha: float = 0.3,
         profile: bool = False,
     ):
-        self.model, self.drafter, self.spec, self.sampling = model, drafter, spec, sampling
+        self.model, self.drafter, self.spec = model, drafter, spec
+        self.sampling = sampling or SamplingParams()
         self.acceptance, self.pad_id = acceptance, pad_id
         self.typical = (typical_threshold, typical_alpha)
         if eos_ids is None:
@@ -89,7 +90,9 @@ class SpecEngine:
         n_layers = len(self.decoder.layers)
         for i in self.fspec.layers:
             if not 0 <= i < n_layers:
-                raise ValueError(f"drafter asks for target layer {i}, the target has layers 0..{n_layers - 1}")
+                raise ValueError(
+                    f"drafter asks for target layer {i}, the target has layers 0..{n_layers - 1}"
+                )
         self.profile = profile
         self.timings: dict[str, float] = defaultdict(float)
 
@@ -97,7 +100,9 @@ class SpecEngine:
 
     def _forward(self, ids, mask, pos, cache) -> tuple[torch.Tensor, TargetFeatures]:
         with _Tap(self.decoder.layers, self.fspec.layers) as tap:
-            hidden = self.decoder(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
+            hidden = self.decoder(
+                input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True
+            ).last_hidden_state
         return hidden, TargetFeatures(layers=dict(tap.out))
 
     def _feats_at(self, feats: TargetFeatures, hidden, logits, idx) -> TargetFeatures:
@@ -122,10 +127,15 @@ class SpecEngine:
     # ------------------------------------------------------------ decoding
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]]):
-        """Left-padded prompts through the target; returns the first generated token per row."""
+    def prefill(self, prompts: list[list[int]], seed: int = 0):
+        """Start a batch: left-padded prompts through the target; returns the first generated token per row."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        p = next(self.model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self.drafter.reset()
         B, T = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((B, T), self.pad_id, dtype=torch.long)
         valid = torch.zeros(B, T, dtype=torch.bool)
@@ -152,7 +162,14 @@ class SpecEngine:
             lay = dt.static.layout(self.device, self.dtype)
             if "kids" not in dt.static._layouts:
                 dt.static._layouts["kids"] = children_table(lay.parents[None].cpu()).to(self.device)
-            return lay.parents[None], lay.depth[None], lay.anc[None], lay.mask, lay.path_of[None], dt.static._layouts["kids"]
+            return (
+                lay.parents[None],
+                lay.depth[None],
+                lay.anc[None],
+                lay.mask,
+                lay.path_of[None],
+                dt.static._layouts["kids"],
+            )
         parents = dt.parents if dt.parents.dim() == 2 else dt.parents[None]
         if bool((parents >= torch.arange(1, parents.shape[1] + 1, device=parents.device)).any()):
             raise ValueError("draft tree: every node's parent must come before it (parents[i-1] < i)")
@@ -162,7 +179,9 @@ class SpecEngine:
 
     def _accept(self, logits, dt: DraftTree, parents, anc, depth, kids) -> Verdict:
         if self.acceptance == "typical":
-            return accept_typical(logits, dt.tokens, parents, anc, depth, self.sampling, *self.typical, self.generator)
+            return accept_typical(
+                logits, dt.tokens, parents, anc, depth, self.sampling, *self.typical, self.generator
+            )
         if self.sampling.greedy:
             return accept_greedy(logits, dt.tokens, parents, anc, depth)
         kids = kids.expand(logits.shape[0], -1, -1) if kids is not None else None
@@ -182,21 +201,28 @@ class SpecEngine:
                 setattr(layer, name, t[:, :, : start + L])
 
     @torch.inference_mode()
+    def verify(self, root: torch.Tensor, dt: DraftTree):
+        """One target forward over root + tree nodes. Returns (ids, pos, hidden, feats, logits, layout)."""
+        B, N = dt.tokens.shape
+        layout = self._layout(dt)
+        depth, tree_mask = layout[1], layout[3]
+        ids = torch.cat([root[:, None], dt.tokens], 1)
+        pos = (self.next_pos[:, None] + depth).expand(B, -1)
+        S = self.kv_bias.shape[-1]
+        mask = torch.cat([self.kv_bias.expand(B, 1, N + 1, S), tree_mask.expand(B, 1, N + 1, N + 1)], -1)
+        hidden, feats = self._forward(ids, mask, pos, self.cache)
+        return ids, pos, hidden, feats, self.lm_head(hidden), layout
+
+    @torch.inference_mode()
     def step(self, root: torch.Tensor):
-        """One draft + verify + accept. Returns (accepted tokens [B, L] incl. root, n_accepted [B] incl.
-        root, bonus [B])."""
+        """One draft + verify + accept + compact. Returns (accepted tokens [B, L] root first,
+        n_accepted [B] counting the root, bonus [B])."""
         t = time.perf_counter()
         dt = self.drafter.draft(root, self.spec, self.sampling, self.generator)
         t = self._tick("draft", t)
-        B, N = dt.tokens.shape
-        parents, depth, anc, tree_mask, path_of, kids = self._layout(dt)
-        ids = torch.cat([root[:, None], dt.tokens], 1)
-        pos = self.next_pos[:, None] + depth
+        B = dt.tokens.shape[0]
         S = self.kv_bias.shape[-1]
-        mask = torch.cat([self.kv_bias.expand(B, 1, N + 1, S), tree_mask.expand(B, 1, N + 1, N + 1)], -1)
-        t = self._tick("mask", t)
-        hidden, feats = self._forward(ids, mask, pos.expand(B, -1), self.cache)
-        logits = self.lm_head(hidden)
+        ids, pos, hidden, feats, logits, (parents, depth, anc, _, path_of, kids) = self.verify(root, dt)
         t = self._tick("verify", t)
         v = self._accept(logits, dt, parents, anc, depth, kids)
         n_acc = depth.expand(B, -1).gather(1, v.best[:, None])[:, 0] + 1
@@ -210,7 +236,7 @@ class SpecEngine:
         t = self._tick("compact", t)
         acc_tokens = ids.gather(1, path)
         self.drafter.observe(
-            Accepted(acc_tokens, new_valid, pos.expand(B, -1).gather(1, path), self._feats_at(feats, hidden, logits, path))
+            Accepted(acc_tokens, new_valid, pos.gather(1, path), self._feats_at(feats, hidden, logits, path))
         )
         self.next_pos = self.next_pos + n_acc
         self._tick("observe", t)
@@ -226,14 +252,9 @@ class SpecEngine:
     def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int = 0) -> GenerateOutput:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        p = next(self.model.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed)
         self.timings = defaultdict(float)
-        self.drafter.reset()
         t = time.perf_counter()
-        root = self.prefill(prompts)
+        root = self.prefill(prompts, seed)
         self._tick("prefill", t)
         B = len(prompts)
         out: list[list[int]] = [[] for _ in range(B)]

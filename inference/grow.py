@@ -126,7 +126,12 @@ def grow_static(
 
 
 def grow_dynamic(
-    expand: Expand, root: torch.Tensor, depth: int, top_k: int, budget: int, id_map: torch.Tensor | None = None
+    expand: Expand,
+    root: torch.Tensor,
+    depth: int,
+    top_k: int,
+    budget: int,
+    id_map: torch.Tensor | None = None,
 ) -> DraftTree:
     """EAGLE-2: expand the top_k nodes of highest cumulative draft log-probability at each depth,
     each into its top_k children; after `depth` steps keep the `budget` best nodes of all candidates.
@@ -136,7 +141,9 @@ def grow_dynamic(
     always contains every kept node's parent.
     """
     B, dev = root.shape[0], root.device
-    logp = torch.log_softmax(expand(root[:, None], torch.full((B, 1), -1, dtype=torch.long, device=dev), 0).float(), -1)
+    logp = torch.log_softmax(
+        expand(root[:, None], torch.full((B, 1), -1, dtype=torch.long, device=dev), 0).float(), -1
+    )
     score, ids = logp[:, 0].topk(top_k, dim=-1)  # [B, k]
     tok = _to_target(ids, id_map)
     pool_tok, pool_score = [tok], [score.double()]

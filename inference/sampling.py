@@ -33,7 +33,9 @@ class SamplingParams:
 def warp(logits: torch.Tensor, s: SamplingParams) -> torch.Tensor:
     """logits [..., V] -> probabilities [..., V] (fp32). Greedy gives the one-hot argmax."""
     if s.greedy:
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(
+            -1, logits.argmax(-1, keepdim=True), 1.0
+        )
     logits = logits.float() / s.temperature
     if s.top_k and s.top_k < logits.shape[-1]:
         kth = logits.topk(s.top_k, dim=-1).values[..., -1:]

@@ -140,7 +140,9 @@ def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool -> float additive mask (0 where allowed, dtype min elsewhere): eager attention needs float."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
 
 
 def path_table(anc: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
@@ -220,7 +222,9 @@ def load_accuracies(path: str | Path) -> list[list[float]]:
         if isinstance(h, dict):
             h = h.get("topk")
         if not isinstance(h, list) or not h or not all(isinstance(v, int | float) for v in h):
-            raise ValueError(f"{path}: heads[{i}] must be a list of cumulative top-k accuracies (or {{'topk': [...]}})")
+            raise ValueError(
+                f"{path}: heads[{i}] must be a list of cumulative top-k accuracies (or {{'topk': [...]}})"
+            )
         if any(not 0 <= v <= 1 for v in h) or any(b < a - 1e-9 for a, b in zip(h, h[1:], strict=False)):
             raise ValueError(f"{path}: heads[{i}] must be non-decreasing values in [0, 1], got {h}")
         out.append([float(v) for v in h])
@@ -251,7 +255,9 @@ class TreeSpec:
         if self.kind == "static" and self.tree is None:
             raise ValueError("a static TreeSpec needs a tree")
         if self.kind == "dynamic" and min(self.depth, self.top_k, self.budget) < 1:
-            raise ValueError(f"dynamic tree needs depth, top_k, budget >= 1, got {self.depth}, {self.top_k}, {self.budget}")
+            raise ValueError(
+                f"dynamic tree needs depth, top_k, budget >= 1, got {self.depth}, {self.top_k}, {self.budget}"
+            )
 
     @property
     def num_nodes(self) -> int:
@@ -263,5 +269,10 @@ class TreeSpec:
 
     def describe(self) -> dict:
         if self.kind == "static":
-            return {"kind": "static", "nodes": self.tree.num_nodes, "depth": self.tree.max_depth, "paths": self.tree.to_json()}
+            return {
+                "kind": "static",
+                "nodes": self.tree.num_nodes,
+                "depth": self.tree.max_depth,
+                "paths": self.tree.to_json(),
+            }
         return {"kind": "dynamic", "nodes": self.budget, "depth": self.depth, "top_k": self.top_k}

@@ -1,6 +1,6 @@
 """Medusa heads as a drafter: head d reads the final-normed hidden state of the last accepted token.
 
-    drafter = MedusaDrafter(MedusaHeads.from_pretrained(DIR, target=model))
+drafter = MedusaDrafter(MedusaHeads.from_pretrained(DIR, target=model))
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class MedusaDrafter:
             return logits[d][:, None].expand(-1, tokens.shape[1], -1)
 
         if spec.kind == "static":
-            return grow_static(expand, root, spec.tree, sampling, generator, self.children, id_map, self.vocab_size)
+            return grow_static(
+                expand, root, spec.tree, sampling, generator, self.children, id_map, self.vocab_size
+            )
         return grow_dynamic(expand, root, spec.depth, spec.top_k, spec.budget, id_map)
 
     def _static_topk(self, logits, tree: Tree, id_map) -> DraftTree:

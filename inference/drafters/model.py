@@ -77,7 +77,9 @@ class ModelDrafter:
 
     def _run(self, ids, mask, pos):
         dtype = self.kv_bias.dtype
-        out = self.model(input_ids=ids, attention_mask=mask.to(dtype), position_ids=pos, cache=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=ids, attention_mask=mask.to(dtype), position_ids=pos, cache=self.cache, use_cache=True
+        )
         return out.logits
 
     @torch.inference_mode()
@@ -113,9 +115,13 @@ class ModelDrafter:
             new = torch.cat([rows, eye], -1)
             m = torch.cat([committed.expand(B, 1, F, -1), additive_mask(new[:, None], dtype)], -1)
             logits = self._run(tokens, m, (root_pos[:, None] + d).expand(B, F))
-            anc = torch.cat([torch.cat([anc, torch.zeros(B, E, F, dtype=torch.bool, device=dev)], -1), new], 1)
+            anc = torch.cat(
+                [torch.cat([anc, torch.zeros(B, E, F, dtype=torch.bool, device=dev)], -1), new], 1
+            )
             return logits
 
         if spec.kind == "static":
-            return grow_static(expand, root, spec.tree, sampling, generator, self.children, None, self.vocab_size)
+            return grow_static(
+                expand, root, spec.tree, sampling, generator, self.children, None, self.vocab_size
+            )
         return grow_dynamic(expand, root, spec.depth, spec.top_k, spec.budget)

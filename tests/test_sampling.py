@@ -1,0 +1,177 @@
+"""Lossless speculative sampling: the engine's output distribution equals the target's, exactly.
+
+On a tiny-vocabulary target with a different tiny drafter, 20,000 samples of the first four
+generated tokens are compared with the target's exact joint distribution by a chi-square test;
+deliberately wrong samplers (correction from p instead of the residual; a q other than the one
+the draft tokens were drawn from) must be rejected by the same test, so the test can fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import pytest
+import torch
+
+import inference.engine as engine_mod
+from headway.target import tiny_llama
+from inference.acceptance import accept_sampling, residual
+from inference.drafters import ModelDrafter
+from inference.engine import SpecEngine
+from inference.sampling import SamplingParams, warp
+from inference.trees import Tree, TreeSpec, chain
+
+V = 5  # vocabulary: 5^4 = 625 four-token outcomes
+N_TOKENS = 4
+SAMPLES = 20_000
+PROMPT = [3, 1, 4, 1, 0, 2]
+
+
+def _model(seed: int, scale: float):
+    m = tiny_llama(vocab_size=V, hidden_size=16, num_layers=1, seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    # An untied random output layer, scaled so distributions are far from uniform and from each other.
+    m.lm_head.weight = torch.nn.Parameter(
+        torch.randn(m.lm_head.weight.shape, generator=g) * scale, requires_grad=False
+    )
+    return m
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _model(0, 0.2)
+
+
+@pytest.fixture(scope="module")
+def draft_model():
+    return _model(1, 0.2)
+
+
+def exact_joint(target, s: SamplingParams) -> torch.Tensor:
+    """P(first N_TOKENS generated tokens) [V ** N_TOKENS], from one forward over every prefix."""
+    prefixes = torch.tensor(list(itertools.product(range(V), repeat=N_TOKENS - 1)))  # [V^(n-1), n-1]
+    ids = torch.cat([torch.tensor(PROMPT).expand(len(prefixes), -1), prefixes], 1)
+    with torch.no_grad():
+        logits = target(ids).logits[:, len(PROMPT) - 1 :]  # [P, n, V]
+    p = warp(logits, s)
+    joint = torch.ones(len(prefixes), V)
+    for i in range(N_TOKENS - 1):
+        joint = joint * p[torch.arange(len(prefixes)), i, prefixes[:, i]][:, None]
+    return (joint * p[:, -1]).reshape(-1).double()
+
+
+def sample_counts(engine: SpecEngine, seed: int = 0, batch: int = 10_000) -> torch.Tensor:
+    counts = torch.zeros(V**N_TOKENS, dtype=torch.float64)
+    for run in range(SAMPLES // batch):
+        out = engine.generate([PROMPT] * batch, max_new_tokens=N_TOKENS, seed=seed * 1000 + run)
+        seqs = torch.tensor(out.tokens)
+        assert seqs.shape == (batch, N_TOKENS)
+        code = (seqs * V ** torch.arange(N_TOKENS - 1, -1, -1)).sum(-1)
+        counts += torch.bincount(code, minlength=V**N_TOKENS).double()
+    return counts
+
+
+def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Goodness-of-fit p-value; outcomes expected fewer than 5 times are pooled into one bin."""
+    expected = probs * counts.sum()
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
+
+
+BRANCHING = Tree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+CASES = {
+    "chain-sampled": (TreeSpec("static", chain(3)), "sample", SamplingParams(temperature=1.0)),
+    "tree-sampled": (TreeSpec("static", BRANCHING), "sample", SamplingParams(temperature=1.0)),
+    "tree-topk-warped": (
+        TreeSpec("static", BRANCHING),
+        "topk",
+        SamplingParams(temperature=0.8, top_p=0.9, top_k=4),
+    ),
+    "dynamic": (TreeSpec("dynamic", depth=3, top_k=2, budget=5), "topk", SamplingParams(temperature=1.0)),
+}
+
+
+def _engine(target, draft_model, case):
+    spec, children, s = CASES[case]
+    return SpecEngine(target, ModelDrafter(draft_model, children=children), spec, s, eos_ids=set()), s
+
+
+def test_models_differ_enough(target, draft_model):
+    """The negative controls only have power if p and q differ: check the setup, not the sampler."""
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        p = torch.softmax(target(ids).logits[0, -1], -1)
+        q = torch.softmax(draft_model(ids).logits[0, -1], -1)
+    assert 0.5 * (p - q).abs().sum() > 0.2
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_speculative_sampling_matches_target(target, draft_model, case):
+    engine, s = _engine(target, draft_model, case)
+    counts = sample_counts(engine)
+    pval = chi_square_p(counts, exact_joint(target, s))
+    assert pval > 0.01, f"{case}: chi-square rejects the sampler (p = {pval:.2e})"
+    assert sum(engine.timings.values()) > 0
+
+
+def _wrong_correction(p, q):
+    return p  # draws the correction token from p instead of the residual norm(max(p - q, 0))
+
+
+class _SharpenedQDrafter(ModelDrafter):
+    """Samples from q but reports q^2 renormalised (say, a temperature applied to one side only)."""
+
+    def draft(self, *args, **kwargs):
+        dt = super().draft(*args, **kwargs)
+        dt.q = dt.q**2 / (dt.q**2).sum(-1, keepdim=True)
+        return dt
+
+
+class _NoRenormDrafter(ModelDrafter):
+    """Draws siblings without replacement but reports the original q for every sibling."""
+
+    def draft(self, root, spec, sampling, generator):
+        dt = super().draft(root, spec, sampling, generator)
+        first = dt.q[:, :3].clone()  # the root's three children: restore q_1 for all of them
+        dt.q[:, 1:3] = first[:, :1]
+        return dt
+
+
+@pytest.mark.parametrize("case", ["chain-sampled", "tree-sampled"])
+def test_negative_control_residual_from_p_is_rejected(target, draft_model, case, monkeypatch):
+    monkeypatch.setattr(
+        engine_mod, "accept_sampling", functools.partial(accept_sampling, correction=_wrong_correction)
+    )
+    engine, s = _engine(target, draft_model, case)
+    pval = chi_square_p(sample_counts(engine), exact_joint(target, s))
+    assert pval < 0.01, f"{case}: the test failed to reject a sampler that corrects from p (p = {pval:.3f})"
+
+
+@pytest.mark.parametrize("wrong", [_SharpenedQDrafter, _NoRenormDrafter])
+def test_negative_control_wrong_q_is_rejected(target, draft_model, wrong):
+    spec, _, s = CASES["tree-sampled"]
+    engine = SpecEngine(target, wrong(draft_model, children="sample"), spec, s, eos_ids=set())
+    pval = chi_square_p(sample_counts(engine), exact_joint(target, s))
+    assert pval < 0.01, f"{wrong.__name__}: the test failed to reject a wrong q (p = {pval:.3f})"
+
+
+def test_residual_rule():
+    p = torch.tensor([[0.5, 0.3, 0.2]])
+    q = torch.tensor([[0.2, 0.6, 0.2]])
+    assert torch.allclose(residual(p, q), torch.tensor([[1.0, 0.0, 0.0]]))
+    assert torch.allclose(residual(p, p), p)  # p == q: never rejected, any fallback is fine
+
+
+def test_warp_top_k_top_p():
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
+    assert torch.allclose(warp(logits, SamplingParams(1.0, top_k=2)), torch.tensor([2 / 3, 1 / 3, 0, 0]))
+    assert torch.allclose(warp(logits, SamplingParams(1.0, top_p=0.7)), torch.tensor([2 / 3, 1 / 3, 0, 0]))
+    assert torch.equal(warp(logits, SamplingParams(0.0)), torch.tensor([1.0, 0, 0, 0]))
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(1.0, top_p=0)
