@@ -80,6 +80,10 @@ def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False, dev
     from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
     cpu = wants_cpu(device)
+    if cpu and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        # Under accelerate, DeepSpeed on CPU leaves every process believing it is rank 0 of 1 (checked with
+        # accelerate 1.15 / deepspeed 0.19): run the same job as plain DDP over gloo instead, and say so.
+        print("headway: DeepSpeed has no working CPU path under accelerate; running DDP over gloo instead")
 
     if cfg.report_to == "wandb":
         # Never ask for a login: offline unless the YAML (or the environment) says otherwise; `wandb sync` later.
@@ -184,6 +188,13 @@ def train(
     groups = objective.param_groups(cfg.lr) if hasattr(objective, "param_groups") else default_param_groups(module, cfg.lr)
     optimizer = build_optimizer(groups, cfg)
     scheduler = build_scheduler(optimizer, groups, total_steps, cfg.warmup_ratio)
+    if accelerator.state.deepspeed_plugin is not None:
+        # DeepSpeed sizes its buffers from these; our batches come from our own data order, not a prepared loader.
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        ds_config["train_micro_batch_size_per_gpu"] = cfg.batch_size
+        ds_config["gradient_accumulation_steps"] = cfg.grad_accum
+        ds_config["gradient_clipping"] = cfg.grad_clip
+        ds_config["train_batch_size"] = cfg.batch_size * cfg.grad_accum * world
     model, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
     signature = trainable_signature(module)
     trainable_keys = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -205,7 +216,9 @@ def train(
                 f"checkpoint {resumed_from} holds other trainable weights (signature {saved.signature}, this run "
                 f"{signature}): use another train.output_dir or train.resume=never"
             )
-        accelerator.load_state(str(resumed_from), strict=False)  # strict=False: only trainable weights are saved
+        # Only trainable weights are saved, so the module load is not strict (DeepSpeed names the flag its own way).
+        not_strict = {"load_module_strict": False} if accelerator.state.deepspeed_plugin is not None else {"strict": False}
+        accelerator.load_state(str(resumed_from), **not_strict)
         state = saved
         accelerator.print(f"resumed from {resumed_from} at step {state.step}")
 
