@@ -1,11 +1,13 @@
 """Training throughput of Medusa heads on the real target, beside the bare target forward over the same tokens.
 
     python scripts/bench_train.py                                   # SmolLM2-135M, batch 8 x 512 tokens
-    python scripts/bench_train.py --variants medusa1 medusa1-full medusa2 --rounds 3
+    python scripts/bench_train.py --variants medusa1 medusa1-cached medusa1-full medusa2 --rounds 3
     python scripts/bench_train.py --batch-size 1 --seq-len 64 --steps 1 --rounds 1   # smoke test (seconds)
 
 One training step = what train/loop.py does per micro-batch: the target's forward for features (no
-lm_head, no grad), the heads' loss, backward, clip, AdamW step. "forward" is the plain
+lm_head, no grad), the heads' loss, backward, clip, AdamW step; "medusa1-cached" is the same step on
+features extracted beforehand (medusa.hidden_states: offline, every epoch after the cache is built);
+"medusa1-full" uses the full vocabulary; "medusa2" adds LoRA and the KL. "forward" is the plain
 `model(input_ids)` a user would run (with lm_head, no grad). Every variant runs the same batches (the
 distilled validation rows when the recipe's data exist, else synthetic rows), interleaved round by round
 so machine drift hits all alike. Printed: tokens/s, ms per batch, the ratio to the bare forward (goal for
@@ -32,7 +34,7 @@ from headway.target import load_target
 from train.loop import ObjectiveModule, flatten_features, make_accelerator
 from train.optim import build_optimizer, default_param_groups
 
-VARIANTS = ("medusa1", "medusa1-full", "medusa2")
+VARIANTS = ("medusa1", "medusa1-cached", "medusa1-full", "medusa2")
 
 
 def bench_rows(cfg, n: int, seq_len: int, vocab_size: int, seed: int = 0) -> list[dict]:
@@ -105,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             objective = MedusaObjective(heads, m.loss_decay)
             source = OnlineFeatures(target, objective.feature_spec())
+            if variant == "medusa1-cached":  # extracted once, outside the timed steps
+                cached = {id(b): source(b) for b in batches}
+                source = lambda b: cached[id(b)]  # noqa: E731
         module = ObjectiveModule(objective)
         groups = objective.param_groups(tc.lr) if hasattr(objective, "param_groups") else default_param_groups(module, tc.lr)
         model, optimizer = accelerator.prepare(module, build_optimizer(groups, tc))
