@@ -87,6 +87,11 @@ def test_medusa2_entry_saves_heads_and_adapter(recipe, tmp_path):
     assert (out / "model.safetensors").is_file() and (out / "lora" / "adapter_model.safetensors").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
     assert [r["train/lr_group1"] == 0 for r in rows] == [True, False, False]  # adapters join after stage 1
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import head_accuracy  # reads the heads through the adapted target
+
+    assert head_accuracy.main(["--checkpoint", str(out), "--topk", "3"]) == 0
+    assert len(json.loads((out / "head_accuracy.json").read_text())["accuracy"]) == 2
 
 
 @pytest.mark.slow
