@@ -81,12 +81,6 @@ def align_step(batch: dict[str, torch.Tensor], step: int, pad_id: int = 0) -> Al
     )
 
 
-def _soft_ce_sum(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
-    """Sum over rows of -sum_v p_target(v) log q_draft(v) (0 for no rows: no NaN, no host sync)."""
-    p = torch.softmax(target_logits.float(), dim=-1)
-    return -(p * torch.log_softmax(draft_logits.float(), dim=-1)).sum()
-
-
 class EagleObjective(nn.Module):
     """Holds the drafter (the trainable module); `training_loss` is the loop's only entry."""
 
@@ -101,6 +95,23 @@ class EagleObjective(nn.Module):
     def save_pretrained(self, folder) -> None:
         """The loop's final export: the drafter folder (config.json + model.safetensors)."""
         self.drafter.save_pretrained(folder)
+
+    @torch.no_grad()
+    def _target_probs(self, batch, source: torch.Tensor, to_logits) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's distribution at every position whose next token is generated, computed once
+        (every step reuses it): (probs [N, V], row [B, T] -> its row in probs, -1 elsewhere)."""
+        generated = batch["loss_mask"].bool() & batch["attention_mask"].bool()
+        need = shift_left(generated, 1, fill=False)
+        probs = torch.softmax(to_logits(source[need].float()).float(), dim=-1)
+        row = torch.full(need.shape, -1, dtype=torch.long, device=need.device)
+        row[need] = torch.arange(probs.shape[0], device=need.device)
+        return probs, row
+
+    @staticmethod
+    def _rows_for_step(u, row: torch.Tensor, step: int, m: torch.Tensor) -> torch.Tensor:
+        """Rows of the target distribution (position anchor+1+step) for the counted pairs `m` of a step."""
+        T = row.shape[1]
+        return row.gather(1, (u.index + 1 + step).clamp(max=T - 1))[m]
 
     def _step_metrics(self, metrics, i, logits, labels, ce) -> None:
         """acc over all counted pairs of step i (same keys for every batch: the loop averages across ranks)."""
@@ -129,15 +140,15 @@ class Eagle1Objective(EagleObjective):
         anchors = align_step(batch, 1, self.pad_id).mask if steps > 1 else None
         metrics: dict[str, torch.Tensor] = {}
         loss = None
+        probs, row = self._target_probs(batch, raw, d.target_logits)
         for i, u in enumerate(d.unroll(ids, z_in, attn, steps, self.pad_id, anchors=anchors)):
             al = align_step(batch, i, self.pad_id)
             m = u.take(al.mask) & u.valid
             n = m.sum().clamp_min(1)
             pred = u.hidden[m]
             logits = d.logits(pred)
-            with torch.no_grad():
-                target_logits = d.target_logits(u.take(shift_left(raw, 1 + i))[m].float())
-            ce = _soft_ce_sum(target_logits, logits) / n
+            target = probs[self._rows_for_step(u, row, i, m)]
+            ce = F.cross_entropy(logits.float(), target, reduction="sum") / n
             self._step_metrics(metrics, i, logits, u.take(al.labels)[m], ce)
             if i == 0:
                 target_z = u.take(shift_left(z, 1))[m]
@@ -174,16 +185,17 @@ class Eagle3Objective(EagleObjective):
         anchors = align_step(batch, 1, self.pad_id).mask if steps > 1 else None
         metrics: dict[str, torch.Tensor] = {}
         loss = fused.new_zeros((), dtype=torch.float32)
+        probs, row = self._target_probs(batch, feats.final_normed, self.draft_vocab_target_logits)
         for i, u in enumerate(d.unroll(ids, fused, attn, steps, self.pad_id, anchors=anchors)):
             al = align_step(batch, i, self.pad_id)
             m = u.take(al.mask) & u.valid
             labels = u.take(al.labels)[m]
             in_vocab = d.t2d[labels]
             logits = d.logits(u.hidden[m])
-            with torch.no_grad():
-                normed = u.take(shift_left(feats.final_normed, 1 + i))[m][in_vocab]
-                target = self.draft_vocab_target_logits(normed)
-            ce = _soft_ce_sum(target, logits[in_vocab]) / in_vocab.sum().clamp_min(1)
+            target = probs[self._rows_for_step(u, row, i, m)[in_vocab]]
+            ce = F.cross_entropy(
+                logits[in_vocab].float(), target, reduction="sum"
+            ) / in_vocab.sum().clamp_min(1)
             loss = loss + cfg.step_decay**i * ce
             self._step_metrics(metrics, i, logits, labels, ce)
             metrics[f"in_vocab_step{i + 1}"] = in_vocab.float().sum().detach() / max(1, in_vocab.numel())

@@ -17,7 +17,7 @@ from data.features import BatchFeatures, OnlineFeatures
 from heads.base import FeatureSpec
 from headway.target import target_fingerprint, tiny_llama
 from train.data_order import DataOrder
-from train.loop import _rows
+from train.loop import select_rows
 
 V, H = 128, 32
 SPEC = FeatureSpec(layers=(0, 1), final_normed=True)
@@ -56,8 +56,8 @@ def test_offline_batches_equal_online_batches(tmp_path, target, data):
         rows = with_split_column(data[split], split)
         order = DataOrder([min(len(x), 40) for x in rows["input_ids"]], 5, 1, 0, seed=0)
         for idx in order.batches(0):
-            batch = collate_fn(_rows(rows, idx))
-            plain = collate(_rows(rows, idx), pad_id=2, max_len=40)
+            batch = collate_fn(select_rows(rows, idx))
+            plain = collate(select_rows(rows, idx), pad_id=2, max_len=40)
             for k in plain:
                 assert torch.equal(batch[k], plain[k])
             a, b = online(batch), offline(batch)

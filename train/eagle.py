@@ -3,10 +3,11 @@
     python scripts/cache_features.py --config configs/smollm2-135m/eagle3.yaml      # offline features first
     accelerate launch --config_file configs/accelerate/cpu.yaml train/eagle.py --config configs/smollm2-135m/eagle3.yaml
     python train/eagle.py --config configs/smollm2-135m/eagle.yaml train.max_steps=100 eagle.feature_norm=none
+    python train/eagle.py --config configs/smollm2-135m/eagle3.yaml --cache-only      # = scripts/cache_features.py
 
 Hidden states come from the target inside the loop (`eagle.hidden_states: online`) or from the cache of
 scripts/cache_features.py (`offline`: no target forward; the target's embedding and head are still
-loaded, the drafter shares them). With `eagle.feature_norm: per_dim` the per-dimension std of the target
+loaded, the drafter shares them; a single-process run builds or finishes a missing cache first). With `eagle.feature_norm: per_dim` the per-dimension std of the target
 features on generated tokens (offline: the whole train split, from the cache; online: the first
 `eagle.norm_stats_rows` train rows, kept in train.output_dir/feature_stats.safetensors) is stored in the
 drafter as `feature_scale`.
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from data.dataset import collate, load_distilled
-from data.feature_cache import FeatureCache, with_split_column
+from data.feature_cache import MANIFEST, FeatureCache, with_split_column, write_cache
 from data.feature_stats import FeatureMoments, generated_mask
 from data.features import BatchFeatures, OnlineFeatures, feature_key
 from heads.base import FeatureSpec
@@ -131,6 +132,32 @@ def stats_for_online_run(
     return moments
 
 
+def ensure_feature_cache(cfg: Config, target, tok, ds, spec: FeatureSpec, accelerator) -> FeatureCache:
+    """The offline cache, written (or finished) here by a single process when it is not complete yet."""
+    folder = Path(cfg.eagle.feature_cache_dir)
+    manifest = folder / MANIFEST
+    fingerprint = target_fingerprint(target, tok, cfg.target.name)
+    if not (manifest.is_file() and json.loads(manifest.read_text()).get("complete")):
+        if accelerator.num_processes > 1:
+            raise RuntimeError(
+                f"the feature cache {folder} is not complete: build it first with one process, "
+                f"`python scripts/cache_features.py --config <recipe>`"
+            )
+        write_cache(
+            target,
+            ds,
+            spec,
+            folder,
+            max_len=cfg.train.max_seq_len,
+            target_fingerprint=fingerprint,
+            pad_id=tok.pad_token_id,
+        )
+    cache = FeatureCache(folder)
+    splits = {k: ds[k] for k in ("train", "validation") if k in ds}
+    cache.check(spec, fingerprint, splits, max_len=cfg.train.max_seq_len)
+    return cache
+
+
 def keep_only_what_offline_needs(target: nn.Module) -> None:
     """Offline training never runs the target: keep its first decoder layer (its class) and drop the rest."""
     base = target.get_decoder()
@@ -145,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         "--config", required=True, help="an EAGLE recipe YAML, e.g. configs/smollm2-135m/eagle3.yaml"
     )
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=50")
+    parser.add_argument(
+        "--cache-only", action="store_true", help="offline: only build eagle.feature_cache_dir, then stop"
+    )
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     if cfg.eagle is None:
@@ -154,24 +184,28 @@ def main(argv: list[str] | None = None) -> int:
     offline = e.hidden_states == "offline"
     if offline and not e.feature_cache_dir:
         parser.error(f"{args.config}: eagle.hidden_states is offline but eagle.feature_cache_dir is not set")
+    if args.cache_only and not offline:
+        parser.error("--cache-only needs eagle.hidden_states=offline")
 
-    accelerator = make_accelerator(tc)
-    target, tok = load_target(cfg.target, device=torch.device("cpu") if offline else accelerator.device)
+    accelerator = make_accelerator(tc, device=cfg.target.device)
+    target, tok = load_target(cfg.target, device=accelerator.device)
     check_data_target(dataset_dir, target, tok, cfg.target.name)
-    fingerprint = target_fingerprint(target, tok, cfg.target.name)
     ds = load_distilled(dataset_dir)
     train_rows, val_rows = ds["train"], ds.get("validation")
+    torch.manual_seed(tc.seed)  # the drafter's initial weights: the same on every rank and every run
     drafter = build_drafter(cfg, target, tok, train_rows, log=accelerator.print)
     objective = build_objective(drafter, EagleLossConfig.from_config(e), pad_id=tok.pad_token_id)
     spec = objective.feature_spec()
 
     collate_fn = None
     if offline:
-        cache = FeatureCache(e.feature_cache_dir)
-        cache.check(spec, fingerprint, {"train": train_rows, "validation": val_rows}, max_len=tc.max_seq_len)
+        cache = ensure_feature_cache(cfg, target, tok, ds, spec, accelerator)
+        if args.cache_only:
+            accelerator.print(
+                f"feature cache complete: {cache.folder} ({cache.bytes_on_disk / 2**30:.2f} GiB)"
+            )
+            return 0
         keep_only_what_offline_needs(target)
-        target.to(accelerator.device)
-        drafter.to(accelerator.device)
         feature_source = BatchFeatures(spec)
         collate_fn = cache.collate_fn(spec, pad_id=tok.pad_token_id, max_len=tc.max_seq_len)
         train_rows = with_split_column(train_rows, "train")
