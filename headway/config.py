@@ -155,6 +155,14 @@ class InferenceConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     acceptance: Literal["exact", "typical"] = "exact"
+    # Added for inference/ (issue 5); defaults keep the behaviour above.
+    sample_top_k: int = 0  # sampling top-k, applied to target and drafter alike (0: off)
+    children: Literal["topk", "sample"] = "topk"  # static trees when sampling: top-k ranks or draws from q
+    tree_paths: str | None = None  # JSON list of paths for tree: static (default: built from accuracies)
+    accuracy_file: str | None = None  # head_accuracy.json (default: CHECKPOINT/head_accuracy.json if present)
+    max_budget: int = 127  # largest tree tree_budget: auto may choose
+    typical_threshold: float = 0.09  # Medusa typical acceptance (not lossless)
+    typical_alpha: float = 0.3
 
 
 @dataclass
@@ -163,6 +171,9 @@ class EvalConfig:
     per_domain: int = 10
     max_new_tokens: int = 128
     output_dir: str | None = None
+    pld_num_tokens: int = 10  # HF prompt-lookup baseline (prompt_lookup_num_tokens)
+    seed: int = 0
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8])  # scripts/bench_batch.py
 
 
 @dataclass

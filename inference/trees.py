@@ -13,11 +13,11 @@ distribution at depth d.
 
 Head-accuracy JSON (what `scripts/head_accuracy.py` writes; the tree builder reads it):
 
-    {"heads": [[top1, top2, ..., top10],   # head 1 (depth 1): cumulative top-k accuracy
-               [top1, top2, ..., top10],   # head 2 (depth 2)
-               ...]}
+    {"accuracy": [[top1, top2, ..., top10],   # head 1 (depth 1): cumulative top-k accuracy
+                  [top1, top2, ..., top10],   # head 2 (depth 2)
+                  ...], ...}
 
-`heads[d][r]` is the fraction of positions where the correct token is among depth d+1's top r+1
+(`heads` is accepted as the key too.) `accuracy[d][r]` is the fraction of positions where the correct token is among depth d+1's top r+1
 predictions (non-decreasing in r). Each head may also be a mapping with a `topk` list. The
 builder uses per-rank accuracies (differences of the cumulative ones) and, as Medusa does,
 treats depths as independent: a node's acceptance probability is the product along its path.
@@ -214,9 +214,9 @@ def load_accuracies(path: str | Path) -> list[list[float]]:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON: {e}") from e
-    heads = raw.get("heads") if isinstance(raw, dict) else None
+    heads = (raw.get("accuracy") or raw.get("heads")) if isinstance(raw, dict) else None
     if not isinstance(heads, list) or not heads:
-        raise ValueError(f"{path}: expected a non-empty list under key 'heads'")
+        raise ValueError(f"{path}: expected a non-empty list of per-head top-k accuracies under key 'accuracy'")
     out = []
     for i, h in enumerate(heads):
         if isinstance(h, dict):

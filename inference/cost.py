@@ -1,0 +1,88 @@
+"""The verification cost curve of the target on this device, and the node budget it implies.
+
+    curve = measure_verify_cost(model)              # {new tokens: seconds per forward}
+    budget, table = choose_budget(curve, accuracies) # maximises expected tau / cost(budget + 1)
+
+On this CPU (SmolLM2-135M, bf16) a forward over 16 new tokens costs ~1.6x one token and 64 tokens
+~3.3x; on an H100 the curve is far flatter, so the best tree is far larger there.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache
+
+from inference.trees import additive_mask, build_tree, expected_tau
+
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def measure_verify_cost(
+    model, sizes: tuple[int, ...] = SIZES, context: int = 256, reps: int = 5, seed: int = 0
+) -> dict[int, float]:
+    """Median seconds of one verification forward (decoder + lm_head) over k new tokens on a cache
+    of `context` tokens, for each k in `sizes`, on the model's own device and dtype."""
+    p = next(model.parameters())
+    device, dtype = p.device, p.dtype
+    dec, head = model.get_decoder(), model.get_output_embeddings()
+    g = torch.Generator().manual_seed(seed)
+    vocab = head.weight.shape[0]
+    ids = torch.randint(0, vocab, (1, context + max(sizes)), generator=g).to(device)
+    cache = DynamicCache(config=model.config)
+    dec(input_ids=ids[:, :context], cache=cache, use_cache=True)
+    curve = {}
+    for k in sizes:
+        allowed = torch.ones(k, context + k, dtype=torch.bool, device=device)
+        allowed[:, context:] = torch.ones(k, k, dtype=torch.bool, device=device).tril()
+        mask = additive_mask(allowed, dtype)[None, None]
+        pos = torch.arange(context, context + k, device=device)[None]
+        times = []
+        for r in range(reps + 1):  # the first run warms up
+            _sync(device)
+            t = time.perf_counter()
+            head(dec(input_ids=ids[:, context : context + k], attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).last_hidden_state)
+            _sync(device)
+            if r:
+                times.append(time.perf_counter() - t)
+            for layer in cache.layers:  # back to the context
+                layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
+        curve[k] = sorted(times)[len(times) // 2]
+    return curve
+
+
+def cost_at(curve: dict[int, float], k: int) -> float:
+    """Linear interpolation (and flat extrapolation past the ends) of the measured curve."""
+    xs = sorted(curve)
+    if k <= xs[0]:
+        return curve[xs[0]]
+    for a, b in zip(xs, xs[1:], strict=False):
+        if k <= b:
+            return curve[a] + (curve[b] - curve[a]) * (k - a) / (b - a)
+    return curve[xs[-1]] * k / xs[-1]
+
+
+def choose_budget(
+    curve: dict[int, float],
+    accuracies: list[list[float]],
+    max_depth: int | None = None,
+    candidates: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 127),
+    draft_cost: float = 0.0,
+) -> tuple[int, list[dict]]:
+    """The node budget maximising expected tokens per second: tau(best tree of n nodes) /
+    (cost of verifying n + 1 tokens + draft_cost). Returns (budget, the table of candidates)."""
+    table = []
+    for n in candidates:
+        tree = build_tree(accuracies, n, max_depth=max_depth)
+        tau = expected_tau(tree, accuracies)
+        cost = cost_at(curve, n + 1) + draft_cost
+        table.append({"nodes": n, "tau": round(tau, 4), "cost_s": cost, "tokens_per_s": tau / cost})
+    best = max(table, key=lambda r: r["tokens_per_s"])
+    return best["nodes"], table
