@@ -174,14 +174,37 @@ class Eagle3Objective(EagleObjective):
         rows = w[d.token_map.to(w.device)].float()
         return F.linear(final_normed.float(), rows)
 
-    def training_loss(self, batch: dict[str, torch.Tensor], feats: TargetFeatures) -> LossOutput:
+    @torch.no_grad()
+    def calibrate_output_scale(
+        self, batch, feats: TargetFeatures, grid: tuple[float, ...] = (1.0, 0.5, 0.3, 0.2, 0.1, 0.05)
+    ) -> float:
+        """Scale the fresh drafter's final norm weight (a copy of the target's) to the grid value with the
+        lowest step-1 CE on `batch`. The target's norm expects a hidden state whose energy sits in a few
+        outlier dimensions; a random drafter's is spread evenly, so the copied norm gives over-confident
+        logits (SmolLM2: CE ~19 nats against ~9 for uniform), which Adam takes thousands of steps to undo."""
+        d = self.drafter
+        w0 = d.norm.weight.detach().clone()
+        was_training = self.training
+        self.eval()
+        ce = {}
+        for c in grid:
+            d.norm.weight.copy_(w0 * c)
+            ce[c] = float(self.training_loss(batch, feats, steps=1).metrics["ce_step1"])
+        best = min(ce, key=ce.get)
+        d.norm.weight.copy_(w0 * best)
+        self.train(was_training)
+        return best
+
+    def training_loss(
+        self, batch: dict[str, torch.Tensor], feats: TargetFeatures, steps: int | None = None
+    ) -> LossOutput:
         d, cfg = self.drafter, self.loss_cfg
         if feats.final_normed is None:
             raise ValueError(
                 "EAGLE-3 training needs the target's final normed hidden state (features.final_normed)"
             )
         fused = d.features_from_target(feats)
-        ids, attn, steps = batch["input_ids"], batch["attention_mask"], cfg.unroll_steps
+        ids, attn, steps = batch["input_ids"], batch["attention_mask"], steps or cfg.unroll_steps
         anchors = align_step(batch, 1, self.pad_id).mask if steps > 1 else None
         metrics: dict[str, torch.Tensor] = {}
         loss = fused.new_zeros((), dtype=torch.float32)

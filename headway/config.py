@@ -114,6 +114,8 @@ class EagleConfig:
     # EAGLE-1 reference trains on and vLLM's EAGLE-1 feeds its drafter).
     feature_source: Literal["pre_norm", "post_norm"] = "pre_norm"
     norm_stats_rows: int = 256  # online mode: train rows the per-dimension feature statistics come from
+    # EAGLE-3: scale the fresh drafter's norm (copied from the target) to the least over-confident start.
+    calibrate_init: bool = True
 
 
 @dataclass

@@ -255,3 +255,20 @@ def test_resume_after_kill_equals_uninterrupted_run(tmp_path, target, version):
     fresh = _objective(version, target).drafter.state_dict()
     assert not torch.equal(fresh["fc.weight"], a["fc.weight"]), "nothing trained"
     assert "val/acc_step2" in result.val_metrics
+
+
+def test_calibrated_init_picks_the_least_confident_scale_and_lowers_ce(target):
+    obj = _objective(3, target, steps=2)
+    batch = distilled_batch(target)
+    feats = OnlineFeatures(target, obj.feature_spec())(batch)
+    w0 = obj.drafter.norm.weight.detach().clone()
+    with torch.no_grad():
+        obj.drafter.norm.weight.mul_(20.0)  # an over-confident start, as the copied norm gives on SmolLM2
+        before = float(obj.eval().training_loss(batch, feats).metrics["ce_step1"])
+    c = obj.train().calibrate_output_scale(batch, feats)
+    assert obj.training  # mode restored
+    assert c < 1.0
+    torch.testing.assert_close(obj.drafter.norm.weight, w0 * 20.0 * c)
+    with torch.no_grad():
+        after = float(obj.eval().training_loss(batch, feats).metrics["ce_step1"])
+    assert after < before - 1.0

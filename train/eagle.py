@@ -37,7 +37,7 @@ from heads.eagle_objective import EagleLossConfig, build_objective
 from heads.vocab import build_draft_vocab, coverage
 from headway.config import Config, load_config
 from headway.target import load_target, target_fingerprint
-from train.loop import NonFiniteLossError, make_accelerator, train
+from train.loop import NonFiniteLossError, make_accelerator, select_rows, train
 from train.medusa import check_data_target
 
 STATS_FILE = "feature_stats.safetensors"
@@ -224,6 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         drafter.set_feature_scale(std)
         accelerator.print(
             f"feature_norm per_dim: std median {std.median():.3g}, max {std.max():.3g} over {std.numel()} dimensions"
+        )
+
+    if e.version == 3 and e.calibrate_init:
+        first = list(range(min(len(train_rows), tc.batch_size)))
+        batch = (
+            collate_fn(select_rows(train_rows, first))
+            if collate_fn
+            else collate(select_rows(train_rows, first), tok.pad_token_id, tc.max_seq_len)
+        )
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        c = objective.calibrate_output_scale(batch, feature_source(batch))
+        accelerator.print(
+            f"drafter norm initialised at {c} x the target's (least step-1 CE on the first batch)"
         )
 
     try:
