@@ -1,0 +1,99 @@
+"""Export trained heads for vLLM, SGLang or the Hugging Face Hub, checked key by key; or load such folders back.
+
+    python scripts/export.py --checkpoint runs/llama-3.1-8b-instruct/eagle3 --to vllm --out exports/llama-3.1-8b-instruct/eagle3-vllm
+    python scripts/export.py --checkpoint runs/llama-3.1-8b-instruct/eagle3 --to sglang --out exports/llama-3.1-8b-instruct/eagle3-sglang
+    python scripts/export.py --checkpoint runs/llama-3.1-8b-instruct/medusa --to vllm --out exports/llama-3.1-8b-instruct/medusa-vllm
+    python scripts/export.py --checkpoint runs/smollm2-135m/medusa --to hf --out exports/smollm2-medusa [--report FILE]
+    python scripts/export.py --from vllm --checkpoint exports/x-eagle3-vllm                 # check it against the table
+    python scripts/export.py --from vllm --checkpoint exports/x-eagle3-vllm --to hf --out runs/x-back [--target NAME]
+
+--to vllm|sglang writes config.json + model.safetensors in the engine's names and checks the folder
+against heads/engine_keys.py's table for (engine, method): a missing, unexpected or misshapen key is an
+error naming it, and a method the engine lacks (Medusa on SGLang) or a drafter it cannot reproduce is
+refused. --to hf writes headway's own folder with a model card (README.md) for `push_to_hub`.
+--from vllm|sglang reads an engine folder back (EAGLE: --target when the folder does not name its
+target's layer count). --out must be empty or absent unless --force; it is replaced only after the
+new folder passed its check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from heads.engine_keys import ExportError, check_folder, method_of_config, read_config, table_for
+from heads.export import TARGETS, export, read_checkpoint, serve_command, to_headway
+
+DTYPES = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _target_config(name: str | None):
+    if name is None:
+        return None
+    from transformers import AutoConfig
+
+    from headway.target import resolve_target
+
+    return AutoConfig.from_pretrained(resolve_target(name))  # the config only: no weights are loaded
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--checkpoint", required=True, help="a headway heads folder (or, with --from, an engine folder)"
+    )
+    p.add_argument("--to", choices=TARGETS, help="the format to write; omitted with --from: only check")
+    p.add_argument("--out", help="the folder to write (must be empty or absent unless --force)")
+    p.add_argument("--from", dest="source", choices=("headway", "vllm", "sglang"), default="headway")
+    p.add_argument(
+        "--target", help="EAGLE folders from an engine: the target (HF id, folder or built-in name)"
+    )
+    p.add_argument("--report", help="hf: the report.json to put in the model card (default: found beside)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="keep", help="cast floating weights")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    args = p.parse_args(argv)
+    if args.to and not args.out:
+        p.error("--to needs --out")
+    if not args.to and args.source == "headway":
+        p.error("--to is required (omit it only with --from vllm|sglang, to check a folder)")
+
+    try:
+        if args.source == "headway":
+            ckpt = read_checkpoint(args.checkpoint)
+        else:
+            folder = Path(args.checkpoint)
+            dims = check_folder(folder, args.source)
+            method = method_of_config(read_config(folder))
+            table = table_for(args.source, method)
+            print(
+                f"{folder} matches the {args.source} {method} key table ({len(table.expected(dims))} keys; {dims})"
+            )
+            if not args.to:
+                return 0
+            ckpt = to_headway(folder, args.source, _target_config(args.target))
+        result = export(
+            ckpt, args.to, args.out, force=args.force, dtype=DTYPES[args.dtype], report=args.report
+        )
+    except (ExportError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+    print(f"wrote {result.out} ({result.method} for {result.engine})")
+    if result.engine != "hf":
+        for s in table_for(result.engine, result.method).sources:
+            print(f"  checked against {s.repo} {s.path} @ {s.commit[:12]}")
+        heads = ckpt.own.get("num_heads", 5)
+        print(
+            "serve it with:\n  "
+            + serve_command(result.method, result.engine, str(result.out), ckpt.target_name, heads)
+        )
+    for note in result.notes:
+        print(f"note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
