@@ -476,3 +476,25 @@ def test_cli(tmp_path, target, capsys):
     header = weight_header(tmp_path / "mb" / "model.safetensors")
     assert load_file(str(tmp_path / "mb" / "model.safetensors"))["lm_heads.0.weight"].dtype == torch.bfloat16
     assert header["token_map"][1] == "int64"
+
+
+def test_rope_written_for_older_engines_and_layer_values_checked_on_load(tmp_path):
+    """transformers 5 writes rope_parameters only; engines on transformers 4 read rope_theta / rope_scaling."""
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
+    target = tiny_llama(vocab_size=V, hidden_size=H, num_layers=L, seed=0, rope_parameters=rope)
+    export(_saved(tmp_path, target, "eagle3"), "sglang", tmp_path / "s")
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert config["rope_theta"] == 500000.0
+    assert config["rope_scaling"] == {k: v for k, v in rope.items() if k != "rope_theta"}
+    assert load_exported(tmp_path / "s", "sglang", target).config.draft_vocab_size == VP
+    config["rms_norm_eps"] = 1e-3  # changes every output, no shape: must be the target's
+    (tmp_path / "s" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match=r"rms_norm_eps=0.001, the target has rms_norm_eps=1e-06"):
+        load_exported(tmp_path / "s", "sglang", target)
