@@ -98,3 +98,10 @@ def test_overrides_and_base(tmp_path):
 def test_missing_file_named(tmp_path):
     with pytest.raises(ConfigError, match="nothere.yaml"):
         load_config(tmp_path / "nothere.yaml")
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "vicuna-7b-v1.3"])
+def test_gpu_eagle1_recipes_train_what_engines_serve(model):
+    """vLLM/SGLang feed EAGLE-1 the normed last hidden state, unscaled: export refuses anything else."""
+    cfg = load_config(ROOT / "configs" / model / "eagle.yaml")
+    assert cfg.eagle.feature_source == "post_norm" and cfg.eagle.feature_norm == "none"
