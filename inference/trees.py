@@ -46,6 +46,13 @@ DEFAULT_ACCURACIES: list[list[float]] = [
     [0.08, 0.13, 0.16, 0.18, 0.20, 0.21, 0.22, 0.23, 0.24, 0.25],
 ]
 
+# A rough prior for feature drafters (EAGLE): each depth conditioned on the accepted path, so accuracy
+# falls slowly with depth. Used for `tree_budget: auto` when no accuracy file is given.
+DRAFTER_DEFAULT_ACCURACIES: list[list[float]] = [
+    [round(a * 0.93**d, 3) for a in (0.70, 0.80, 0.85, 0.87, 0.89, 0.90, 0.91, 0.92, 0.92, 0.93)]
+    for d in range(8)
+]
+
 
 @dataclass(frozen=True)
 class TreeLayout:
@@ -216,7 +223,9 @@ def load_accuracies(path: str | Path) -> list[list[float]]:
         raise ValueError(f"{path}: not valid JSON: {e}") from e
     heads = (raw.get("accuracy") or raw.get("heads")) if isinstance(raw, dict) else None
     if not isinstance(heads, list) or not heads:
-        raise ValueError(f"{path}: expected a non-empty list of per-head top-k accuracies under key 'accuracy'")
+        raise ValueError(
+            f"{path}: expected a non-empty list of per-head top-k accuracies under key 'accuracy'"
+        )
     out = []
     for i, h in enumerate(heads):
         if isinstance(h, dict):

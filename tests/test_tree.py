@@ -91,12 +91,16 @@ def test_build_tree_shapes():
     for budget in (8, 16, 32, 64):
         t = default_tree(budget, depth=5)
         assert t.num_nodes == budget and t.max_depth <= 5
-        assert expected_tau(t, DEFAULT_ACCURACIES) > expected_tau(default_tree(budget // 2), DEFAULT_ACCURACIES)
+        assert expected_tau(t, DEFAULT_ACCURACIES) > expected_tau(
+            default_tree(budget // 2), DEFAULT_ACCURACIES
+        )
 
 
 def test_accuracy_file(tmp_path):
     f = tmp_path / "acc.json"
-    f.write_text(json.dumps({"accuracy": [[0.6, 0.7, 0.75], {"topk": [0.3, 0.4, 0.45]}], "positions": [10, 9]}))
+    f.write_text(
+        json.dumps({"accuracy": [[0.6, 0.7, 0.75], {"topk": [0.3, 0.4, 0.45]}], "positions": [10, 9]})
+    )
     acc = load_accuracies(f)
     assert per_rank(acc)[0] == pytest.approx([0.6, 0.1, 0.05])
     f.write_text(json.dumps({"heads": [[0.6, 0.5]]}))
@@ -153,9 +157,14 @@ def _check_tree_logits(model, engine, seqs, root, dt, atol):
 @pytest.mark.real_target
 def test_tree_mask_logits_equal_chain_logits_smollm2(smol_fp32, smol_tok):
     model = smol_fp32
-    prompts = [smol_tok("The capital of France is")["input_ids"], smol_tok("1, 2, 3, 4, 5, 6, 7,")["input_ids"]]
+    prompts = [
+        smol_tok("The capital of France is")["input_ids"],
+        smol_tok("1, 2, 3, 4, 5, 6, 7,")["input_ids"],
+    ]
     assert len(prompts[0]) != len(prompts[1])  # left padding is exercised
-    engine = SpecEngine(model, ModelDrafter(layer_skip(model, 6)), TreeSpec("static", default_tree(8, 3)), eos_ids=set())
+    engine = SpecEngine(
+        model, ModelDrafter(layer_skip(model, 6)), TreeSpec("static", default_tree(8, 3)), eos_ids=set()
+    )
     seqs, root = _run_steps(engine, prompts, steps=2)  # ragged rows: cache holes, per-row positions
     tree = default_tree(12, depth=4)
     g = torch.Generator().manual_seed(0)
@@ -170,11 +179,15 @@ def test_tree_mask_logits_equal_chain_logits_smollm2(smol_fp32, smol_tok):
 
 def test_tree_mask_logits_equal_chain_logits_tiny():
     model = tiny_llama(vocab_size=97, hidden_size=64, num_layers=2, seed=3)
-    engine = SpecEngine(model, ModelDrafter(tiny_llama(97, 32, 1, seed=4)), TreeSpec("static", chain(3)), eos_ids=set())
+    engine = SpecEngine(
+        model, ModelDrafter(tiny_llama(97, 32, 1, seed=4)), TreeSpec("static", chain(3)), eos_ids=set()
+    )
     seqs, root = _run_steps(engine, [[5, 6, 7], [9, 8, 7, 6, 5, 4, 3]], steps=3)
     tree = default_tree(12, depth=3)
     tokens = torch.randint(0, 97, (2, tree.num_nodes), generator=torch.Generator().manual_seed(1))
-    _check_tree_logits(model, engine, seqs, root, DraftTree(tokens, torch.tensor(tree.parents), static=tree), 1e-5)
+    _check_tree_logits(
+        model, engine, seqs, root, DraftTree(tokens, torch.tensor(tree.parents), static=tree), 1e-5
+    )
 
 
 def test_compacted_cache_equals_plain_cache():

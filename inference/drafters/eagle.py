@@ -90,11 +90,15 @@ class EagleTreeDrafter:
             new = torch.cat([rows_anc, torch.eye(F, dtype=torch.bool, device=dev).expand(B, F, F)], -1)
             m = torch.cat([committed.expand(B, 1, F, -1), additive_mask(new[:, None], dtype)], -1)
             parent_feat = feats.gather(1, parents[..., None].expand(-1, -1, feats.shape[-1]))
-            step = self.drafter.step(tok, parent_feat, (root_pos[:, None] + d - 1).expand(B, F), self.cache, m)
+            step = self.drafter.step(
+                tok, parent_feat, (root_pos[:, None] + d - 1).expand(B, F), self.cache, m
+            )
             anc = torch.cat([torch.cat([anc, anc.new_zeros(B, U, F)], -1), new], 1)
             feats = torch.cat([feats, step.feature], 1)
             return step.logits
 
         if spec.kind == "static":
-            return grow_static(expand, root, spec.tree, sampling, generator, self.children, self.id_map, self.vocab_size)
+            return grow_static(
+                expand, root, spec.tree, sampling, generator, self.children, self.id_map, self.vocab_size
+            )
         return grow_dynamic(expand, root, spec.depth, spec.top_k, spec.budget, self.id_map)
