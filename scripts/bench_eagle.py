@@ -8,7 +8,9 @@ On `--rows` rows of the recipe's training split (train.dataset_dir or data.outpu
    scripts/cache_features.py's writer over the same rows and batches (hooks, copies, safetensors
    shards); prints seconds per 1,000 sequences for both and the ratio (goal: <= 1.2x);
 2. disk: bytes of the cache per 1,000 sequences (and per token);
-3. training: `--steps` optimizer steps of the recipe's objective (batch train.batch_size, length
+3. draft vocabulary (EAGLE-3): share of validation answer tokens covered by the V' most frequent train
+   answer tokens, for several V' (the lm_head and its training cost scale with V');
+4. training: `--steps` optimizer steps of the recipe's objective (batch train.batch_size, length
    train.max_seq_len) with features online (target forward in the step) and offline (read from the
    cache); prints tokens/s (real tokens of the batches) for both. `--bf16` runs the drafter under bf16 autocast.
 Nothing is written outside a temporary folder.
@@ -28,6 +30,7 @@ from data.dataset import collate, load_distilled
 from data.feature_cache import FeatureCache, with_split_column, write_cache
 from data.features import BatchFeatures, OnlineFeatures
 from heads.eagle_objective import EagleLossConfig, build_objective, training_feature_spec
+from heads.vocab import build_draft_vocab, coverage
 from headway.config import load_config
 from headway.target import load_target, target_fingerprint
 from train.eagle import build_drafter
@@ -139,6 +142,17 @@ def main(argv: list[str] | None = None) -> int:
             f"({report.bytes_on_disk / max(1, report.tokens):.0f} bytes/token, {len(spec.layers) + spec.final_normed} "
             f"x {target.config.hidden_size} x {str(FeatureCache(tmp).dtype).removeprefix('torch.')})"
         )
+
+        if e.version == 3 and "validation" in ds:
+            V = target.get_output_embeddings().weight.shape[0]
+            sizes = [v for v in (1024, 2048, 4096, 8192, 16384, 32768) if v < V]
+            cover = []
+            for v in sizes:
+                vocab = build_draft_vocab(ds["train"], v, V, always_include=[tok.eos_token_id])
+                cover.append(f"{v}: {coverage(vocab, ds['validation']):.1%}")
+            print(
+                "draft vocabulary coverage of validation answer tokens (built on train): " + ", ".join(cover)
+            )
 
         drafter = build_drafter(cfg, target, tok, ds["train"], log=lambda *_: None)
         objective = build_objective(drafter, EagleLossConfig.from_config(e), pad_id=tok.pad_token_id)
