@@ -104,6 +104,8 @@ def eagle_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         )
     if attention_mask is None and query.shape[2] > 1:
         raise ValueError("EAGLE drafter attention needs an explicit float mask for more than one query")
+    if attention_mask is not None and attention_mask.dtype != query.dtype:
+        attention_mask = attention_mask.to(query.dtype)  # SDPA wants the query's dtype (autocast: bf16)
     if getattr(module.config, BASE_ATTENTION_ATTR, "sdpa") == "eager":
         return eager_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
     return sdpa_attention_forward(
