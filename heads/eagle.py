@@ -367,6 +367,10 @@ class EagleDrafter(nn.Module):
     def _engine_keys(self) -> dict:
         return {}
 
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights under the serving engines' names, with headway-only tensors folded away (for export)."""
+        raise NotImplementedError
+
     def save_pretrained(self, folder: str | Path) -> Path:
         from safetensors.torch import save_file
 
@@ -465,6 +469,18 @@ class Eagle1Drafter(EagleDrafter):
 
     def _engine_keys(self) -> dict:
         return {"architectures": ["EagleLlamaForCausalLM"], "model_type": self.layer_config.model_type}
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """vLLM's EAGLE-1 feeds the target's post-norm state and applies lm_head straight to the drafter's
+        output: only a post_norm drafter without feature scaling is that graph."""
+        if self.config.feature_source != "post_norm" or self.feature_scale is not None:
+            raise ValueError(
+                f"an EAGLE-1 drafter with feature_source={self.config.feature_source!r}, feature_norm="
+                f"{self.config.feature_norm!r} is not the serving engines' EAGLE-1 graph (post-norm target "
+                "state in, lm_head straight on the output): train with eagle.feature_source=post_norm, "
+                "eagle.feature_norm=none to export it"
+            )
+        return {k: v.detach().clone() for k, v in self.state_dict().items()}
 
 
 class Eagle3Drafter(EagleDrafter):
@@ -590,6 +606,15 @@ class Eagle3Drafter(EagleDrafter):
         if self.config.hidden_size != self._parts.config.hidden_size:
             keys["target_hidden_size"] = self._parts.config.hidden_size
         return keys
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """`feature_scale` folded into `fc` (fc(x / s) = (W / s) x: exact, no bias), then dropped."""
+        state = {k: v.detach().clone() for k, v in self.state_dict().items() if k != "feature_scale"}
+        if self.feature_scale is not None:
+            state["fc.weight"] = (self.fc.weight.detach().float() / self.feature_scale.float()).to(
+                self.fc.weight.dtype
+            )
+        return state
 
 
 # ---------------------------------------------------------------- shifting and loading
