@@ -22,6 +22,16 @@ from inference.engine import SpecEngine
 from inference.sampling import SamplingParams, warp
 from inference.trees import Tree, TreeSpec, chain
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small ops on 2 threads stall badly when other processes share the cores; 1 thread is steady."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 V = 5  # vocabulary: 5^4 = 625 four-token outcomes
 N_TOKENS = 4
 SAMPLES = 20_000

@@ -35,6 +35,15 @@ from inference.trees import (
 # ---------------------------------------------------------------- static trees
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small ops on 2 threads stall badly when other processes share the cores; 1 thread is steady."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def test_tree_from_paths():
     t = Tree([[1], [0], [0, 0], [0, 1], [0, 0, 0]])
     assert t.paths == [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
