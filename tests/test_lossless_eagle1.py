@@ -1,0 +1,32 @@
+"""fp32 greedy losslessness on the real SmolLM2 with an EAGLE-1 drafter (untrained): static and
+dynamic trees, batch 1 and batch 4, 20 prompts over all six domains."""
+
+from __future__ import annotations
+
+import pytest
+from lossless_common import check_lossless, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
+
+from heads.eagle import Eagle1Drafter
+from inference.drafters import EagleTreeDrafter
+from inference.trees import TreeSpec, default_tree
+
+pytestmark = pytest.mark.real_target
+
+SPECS = {
+    "static": TreeSpec("static", default_tree(12, depth=4)),
+    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=12),
+}
+
+
+@pytest.fixture(scope="module")
+def case(smol_fp32, smol_tok):
+    ids = prompts(smol_tok)
+    return ids, plain_greedy(smol_fp32, ids)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("tree", list(SPECS))
+def test_eagle1_greedy_is_lossless(smol_fp32, case, tree, batch):
+    ids, refs = case
+    drafter = EagleTreeDrafter(Eagle1Drafter.from_target(smol_fp32))
+    check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)

@@ -1,0 +1,32 @@
+"""fp32 greedy losslessness on the real SmolLM2 with a drafter that is often right (it knows plain
+greedy's answer and proposes it with errors), so long accepted paths, rejections at every depth,
+ragged batches and cache compaction are all exercised on the real model, static and dynamic trees."""
+
+from __future__ import annotations
+
+import pytest
+from lossless_common import ScriptedDrafter, check_lossless, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
+
+from inference.trees import TreeSpec, default_tree
+
+pytestmark = pytest.mark.real_target
+
+SPECS = {
+    "static": TreeSpec("static", default_tree(12, depth=5)),
+    "dynamic": TreeSpec("dynamic", depth=5, top_k=3, budget=12),
+}
+
+
+@pytest.fixture(scope="module")
+def case(smol_fp32, smol_tok):
+    ids = prompts(smol_tok)
+    return ids, plain_greedy(smol_fp32, ids)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("tree", list(SPECS))
+def test_scripted_drafter_greedy_is_lossless(smol_fp32, case, tree, batch):
+    ids, refs = case
+    drafter = ScriptedDrafter([p + r for p, r in zip(ids, refs, strict=True)], smol_fp32.config.vocab_size)
+    accepted = check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)
+    assert accepted > 200, "the drafter should be right often enough to exercise long accepted paths"
