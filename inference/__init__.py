@@ -1,1 +1,19 @@
-"""Tree verification: drafting interface, trees, acceptance rules, the decoding engine, reports."""
+"""Tree verification: drafting interface, trees, acceptance rules, the decoding engine, reports.
+
+    python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --checkpoint runs/smollm2-135m/medusa
+    python scripts/bench_batch.py --config configs/smollm2-135m/eagle3.yaml --checkpoint DIR --batch-sizes 1 4 8
+
+Modules, one job each:
+- `drafter`: the Protocol every head implements (observe accepted tokens + the target's features,
+  draft a tree of candidates with their q); `drafters/`: Medusa, EAGLE-1/3, any small LM, layer-skip.
+- `trees`: static trees as Medusa path lists, chains, the optimal tree for measured head accuracies.
+- `grow`: filling a static tree by rank, or growing an EAGLE-2 dynamic tree, from a drafter's
+  next-token function.
+- `acceptance`: greedy, lossless speculative sampling over a tree, Medusa's typical acceptance
+  (NOT lossless).
+- `engine`: prefill -> draft -> one target forward over the tree (float 4-D mask, explicit
+  positions, the model's own cache) -> accept -> keep only the accepted path's KV; batches with
+  ragged acceptance.
+- `cost`: the target's measured verify-cost curve and the node budget it implies (`tree_budget: auto`).
+- `build`: recipe + checkpoint -> engine. `questions`, `report`: Spec-Bench domains and the report.
+"""

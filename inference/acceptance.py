@@ -29,9 +29,11 @@ def _path_accepted(ok: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
     return ~(anc & ~ok[:, None, :]).any(-1)
 
 
-def accept_greedy(logits, tokens, parents, anc, depth) -> Verdict:
-    """Longest path whose tokens equal the target's argmax at their parents; bonus = argmax there."""
-    pred = logits.argmax(-1)  # [B, Q]
+def accept_greedy(pred, tokens, parents, anc, depth) -> Verdict:
+    """Longest path whose tokens equal the target's argmax at their parents; bonus = argmax there.
+
+    pred [B, Q]: the target's argmax at each node; only parents' entries are read, so the engine
+    may leave leaves at -1 and compute the bonus of an accepted leaf afterwards."""
     match = tokens == pred.gather(1, parents.expand_as(tokens))
     ok = torch.cat([torch.ones_like(match[:, :1]), match], 1)
     best = _deepest(_path_accepted(ok, anc), depth.expand_as(ok))
@@ -44,7 +46,7 @@ def accept_typical(
     """Medusa's typical acceptance (NOT lossless): a token passes when the target gives it more than
     min(threshold, alpha * exp(-entropy)) of its probability. At temperature 0 it is greedy."""
     if s.greedy:
-        return accept_greedy(logits, tokens, parents, anc, depth)
+        return accept_greedy(logits.argmax(-1), tokens, parents, anc, depth)
     p = warp(logits, s)
     ent = -(p * torch.log(p.clamp_min(1e-20))).sum(-1)  # [B, Q]
     limit = torch.minimum(torch.full_like(ent, threshold), alpha * torch.exp(-ent))
@@ -109,6 +111,10 @@ def accept_sampling(
         renormalised (what `grow.draw_without_replacement` returns);
       - picked deterministically (top-k ranks, EAGLE-2's reranked tree): q_j is one-hot on x_j,
         so x_j is accepted with probability p(x_j) and the residual is p with x_j zeroed.
+    (The one-hot rule is exact for *any* x_j chosen without looking at the target's randomness,
+    since conditioned on x_j its q is one-hot; a sampled child treated as one-hot stays exact, it
+    only accepts less often. Using a q that is neither, e.g. the drafter's q for a child drawn
+    without replacement, is biased: tests/test_sampling.py shows the chi-square test catching it.)
     Which children exist never depends on the target's outputs, so the tree shape is harmless.
     Within an accepted child, the same argument applies to its children with the target's p there.
 

@@ -183,7 +183,7 @@ class SpecEngine:
                 logits, dt.tokens, parents, anc, depth, self.sampling, *self.typical, self.generator
             )
         if self.sampling.greedy:
-            return accept_greedy(logits, dt.tokens, parents, anc, depth)
+            return accept_greedy(logits.argmax(-1), dt.tokens, parents, anc, depth)
         kids = kids.expand(logits.shape[0], -1, -1) if kids is not None else None
         return accept_sampling(logits, dt.tokens, parents, dt.q, self.sampling, self.generator, kids)
 
@@ -200,9 +200,7 @@ class SpecEngine:
                 t[:, :, start : start + L] = t.gather(2, idx)
                 setattr(layer, name, t[:, :, : start + L])
 
-    @torch.inference_mode()
-    def verify(self, root: torch.Tensor, dt: DraftTree):
-        """One target forward over root + tree nodes. Returns (ids, pos, hidden, feats, logits, layout)."""
+    def _forward_tree(self, root: torch.Tensor, dt: DraftTree):
         B, N = dt.tokens.shape
         layout = self._layout(dt)
         depth, tree_mask = layout[1], layout[3]
@@ -211,7 +209,32 @@ class SpecEngine:
         S = self.kv_bias.shape[-1]
         mask = torch.cat([self.kv_bias.expand(B, 1, N + 1, S), tree_mask.expand(B, 1, N + 1, N + 1)], -1)
         hidden, feats = self._forward(ids, mask, pos, self.cache)
+        return ids, pos, hidden, feats, layout
+
+    @torch.inference_mode()
+    def verify(self, root: torch.Tensor, dt: DraftTree):
+        """One target forward over root + tree nodes. Returns (ids, pos, hidden, feats, logits, layout)."""
+        ids, pos, hidden, feats, layout = self._forward_tree(root, dt)
         return ids, pos, hidden, feats, self.lm_head(hidden), layout
+
+    def _greedy_lazy(self, hidden, dt: DraftTree, parents, anc, depth) -> Verdict:
+        """Greedy acceptance reading the target's logits only at nodes that have children; an accepted
+        leaf's bonus token is computed afterwards. Leaves are most of a tree, and the lm_head over
+        every node costs a large share of a small target's verification."""
+        B, Q = hidden.shape[:2]
+        inner = dt.static._layouts.get("inner") if dt.static is not None else None
+        if inner is None:
+            inner = torch.unique(parents)  # sorted; contains the root
+            if dt.static is not None:
+                dt.static._layouts["inner"] = inner
+        pred = torch.full((B, Q), -1, dtype=torch.long, device=hidden.device)
+        pred[:, inner] = self.lm_head(hidden[:, inner]).argmax(-1)
+        v = accept_greedy(pred, dt.tokens, parents, anc, depth)
+        leaf = v.bonus < 0
+        if bool(leaf.any()):
+            rows = leaf.nonzero()[:, 0]
+            v.bonus[rows] = self.lm_head(hidden[rows, v.best[rows]]).argmax(-1)
+        return v
 
     @torch.inference_mode()
     def step(self, root: torch.Tensor):
@@ -222,9 +245,14 @@ class SpecEngine:
         t = self._tick("draft", t)
         B = dt.tokens.shape[0]
         S = self.kv_bias.shape[-1]
-        ids, pos, hidden, feats, logits, (parents, depth, anc, _, path_of, kids) = self.verify(root, dt)
-        t = self._tick("verify", t)
-        v = self._accept(logits, dt, parents, anc, depth, kids)
+        ids, pos, hidden, feats, (parents, depth, anc, _, path_of, kids) = self._forward_tree(root, dt)
+        t = self._tick("verify", t)  # the target's decoder; its lm_head counts under "accept"
+        if self.sampling.greedy and self.acceptance == "exact" and not self.fspec.logits:
+            logits = None
+            v = self._greedy_lazy(hidden, dt, parents, anc, depth)
+        else:
+            logits = self.lm_head(hidden)
+            v = self._accept(logits, dt, parents, anc, depth, kids)
         n_acc = depth.expand(B, -1).gather(1, v.best[:, None])[:, 0] + 1
         L = int(n_acc.max())
         rows = torch.arange(B, device=self.device)
