@@ -1,0 +1,215 @@
+"""Questions, the report's definitions, engine building from a recipe, and evaluate.py end to end (tiny target)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from headway.config import load_config
+from inference.build import build_engine
+from inference.questions import MT_BENCH, MULTI_TURN, load_questions
+from inference.report import PromptResult, build_report, summarize, table, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_BENCH = ROOT / "data/prompts/spec_bench/question.jsonl"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------- questions
+
+
+def test_spec_bench_domains_and_even_mt_bench():
+    qs = load_questions(SPEC_BENCH, per_domain=8)
+    domains = {}
+    for q in qs:
+        domains.setdefault(q.domain, []).append(q)
+    assert set(domains) == {MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag"}
+    assert all(len(v) == 8 for v in domains.values())
+    assert sorted(q.category for q in domains[MULTI_TURN]) == sorted(MT_BENCH)  # one per sub-category
+    assert all(len(q.turns) == 2 for q in domains[MULTI_TURN])
+    assert len(load_questions(SPEC_BENCH)) == 480
+
+
+def test_question_errors(tmp_path):
+    f = tmp_path / "q.jsonl"
+    f.write_text('{"question_id": 1, "turns": ["hi"]}\n')
+    with pytest.raises(ValueError, match=r"q\.jsonl:1: missing key 'category'"):
+        load_questions(f)
+    f.write_text('{"question_id": 1, "category": "x", "turns": []}\n')
+    with pytest.raises(ValueError, match="non-empty list"):
+        load_questions(f)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_questions(tmp_path / "nope.jsonl")
+
+
+# ---------------------------------------------------------------- report definitions
+
+
+def test_summary_definitions(tmp_path):
+    a = PromptResult(
+        1,
+        "qa",
+        "qa",
+        1,
+        ar_tokens=10,
+        ar_time=1.0,
+        spec_tokens=10,
+        spec_time=0.5,
+        pld_tokens=10,
+        pld_time=0.8,
+        pld_forwards=6,
+        accepted=[0, 2, 3],
+        identical=True,
+    )
+    b = PromptResult(
+        2,
+        "rag",
+        "rag",
+        1,
+        ar_tokens=30,
+        ar_time=3.0,
+        spec_tokens=28,
+        spec_time=1.0,
+        pld_tokens=30,
+        pld_time=3.0,
+        pld_forwards=21,
+        accepted=[1, 3],
+        identical=False,
+    )
+    s = summarize([a, b], depth=3)
+    assert s["tau"] == pytest.approx(1 + 9 / 5)
+    # depth 1: reached 5, accepted 4; depth 2: reached 4, accepted 3; depth 3: reached 3, accepted 2
+    assert s["alpha"] == pytest.approx([4 / 5, 3 / 4, 2 / 3], abs=1e-4)
+    assert s["accept_hist"] == [1, 1, 1, 2]
+    assert s["speedup"] == pytest.approx((38 / 1.5) / (40 / 4.0), abs=1e-3)  # summed tokens / summed times
+    assert s["pld_speedup"] == pytest.approx((40 / 3.8) / (40 / 4.0), abs=1e-3)
+    assert s["pld_tau"] == pytest.approx((40 - 2) / (27 - 2), abs=1e-3)
+    assert s["identical_to_ar"] == 1
+    rep = build_report([a, b], 3, {"method": "medusa", "verify_cost": {"1": 0.01, "16": 0.016}, "budget": 15})
+    assert set(rep["domains"]) == {"qa", "rag"} and rep["overall"]["n_prompts"] == 2
+    assert "| **overall** | 2 |" in table(rep)
+    out = write_report(rep, tmp_path / "r")
+    assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.png"}
+
+
+# ---------------------------------------------------------------- building engines from recipes
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    from headway.target import tiny_llama
+
+    return tiny_llama(vocab_size=49152, hidden_size=64, num_layers=4, seed=0)
+
+
+FLAT = {1: 1.0, 8: 1.0, 32: 1.0, 128: 1.0}
+STEEP = {1: 1.0, 8: 8.0, 32: 32.0, 128: 128.0}
+
+
+def test_build_medusa_auto(tiny_target, smol_tok):
+    cfg = load_config(ROOT / "configs/smollm2-135m/medusa.yaml", ["inference.max_budget=64"])
+    wide = build_engine(cfg, None, tiny_target, smol_tok, curve=FLAT, log=lambda *a: None)
+    assert wide.method == "medusa" and wide.engine.spec.kind == "static"
+    assert wide.info["budget"] == 64  # free verification: the biggest tree allowed
+    narrow = build_engine(cfg, None, tiny_target, smol_tok, curve=STEEP, log=lambda *a: None)
+    assert narrow.info["budget"] < 8  # every token costs a forward: a small tree
+    assert narrow.engine.spec.tree.max_depth <= 4  # never deeper than the heads
+
+
+def test_build_eagle_dynamic_chain_and_paths(tiny_target, smol_tok, tmp_path):
+    cfg = load_config(
+        ROOT / "configs/smollm2-135m/eagle3.yaml",
+        ["eagle.feature_layers=[1,2,3]", "inference.tree_budget=20"],
+    )
+    s = build_engine(cfg, None, tiny_target, smol_tok)
+    assert s.method == "eagle3" and s.engine.spec.kind == "dynamic" and s.engine.spec.budget == 20
+    assert s.engine.spec.depth == cfg.inference.depth
+    cfg = load_config(ROOT / "configs/smollm2-135m/eagle.yaml", ["inference.tree=chain", "inference.depth=3"])
+    s = build_engine(cfg, None, tiny_target, smol_tok)
+    assert s.engine.spec.tree.paths == [(0,), (0, 0), (0, 0, 0)]
+    paths = tmp_path / "tree.json"
+    paths.write_text(json.dumps([[0], [1], [0, 0]]))
+    cfg = load_config(ROOT / "configs/smollm2-135m/medusa.yaml", [f"inference.tree_paths={paths}"])
+    s = build_engine(cfg, None, tiny_target, smol_tok)
+    assert s.engine.spec.tree.num_nodes == 3 and s.info["budget"] == 3
+    out = s.engine.generate([[1, 2, 3]], 5)
+    assert len(out.tokens[0]) == 5
+
+
+def test_build_reads_head_accuracy_from_checkpoint(tiny_target, smol_tok, tmp_path):
+    from heads.medusa import MedusaHeads
+
+    ckpt = tmp_path / "medusa"
+    MedusaHeads.from_target(tiny_target, 4).save_pretrained(ckpt)
+    (ckpt / "head_accuracy.json").write_text(json.dumps({"accuracy": [[0.95, 0.97]] * 4}))
+    cfg = load_config(ROOT / "configs/smollm2-135m/medusa.yaml", ["inference.max_budget=4"])
+    s = build_engine(cfg, str(ckpt), tiny_target, smol_tok, curve=FLAT)
+    assert s.info["accuracies"].endswith("head_accuracy.json")
+    assert s.engine.spec.tree.paths == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]  # confident heads: a chain
+
+
+def test_build_without_heads_section_errors(tiny_target, smol_tok):
+    cfg = load_config(ROOT / "configs/smollm2-135m/data.yaml")
+    with pytest.raises(ValueError, match="neither a medusa: nor an eagle: section"):
+        build_engine(cfg, None, tiny_target, smol_tok)
+
+
+# ---------------------------------------------------------------- evaluate.py end to end
+
+
+def test_evaluate_script_end_to_end(tiny_target, smol_tok, tmp_path):
+    model_dir = tmp_path / "tiny"
+    tiny_target.save_pretrained(model_dir)
+    smol_tok.save_pretrained(model_dir)
+    recipe = tmp_path / "medusa.yaml"
+    recipe.write_text(
+        f"base: {ROOT / 'configs/smollm2-135m/medusa.yaml'}\n"
+        f"target: {{name: {model_dir}, dtype: float32, device: cpu, hidden_size: 64, num_hidden_layers: 4}}\n"
+    )
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import evaluate
+
+    out = tmp_path / "eval"
+    rc = evaluate.main(
+        [
+            "--config",
+            str(recipe),
+            "--per-domain",
+            "1",
+            "--max-new-tokens",
+            "6",
+            "--out",
+            str(out),
+            "inference.tree_budget=8",
+        ]
+    )
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert set(rep["domains"]) == {MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag"}
+    for key in (
+        "n_prompts",
+        "tau",
+        "alpha",
+        "accept_hist",
+        "ar_tokens_per_s",
+        "spec_tokens_per_s",
+        "speedup",
+        "pld_speedup",
+        "identical_to_ar",
+    ):
+        assert key in rep["overall"], key
+    assert rep["overall"]["n_prompts"] == 6
+    assert rep["overall"]["identical_to_ar"] == 6  # fp32, greedy: every prompt, both turns, token for token
+    assert rep["dtype"] == "float32" and rep["budget"] == 8 and rep["verify_cost"]
+    assert (out / "report.md").read_text().count("|") > 20 and (out / "report.png").stat().st_size > 1000
