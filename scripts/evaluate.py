@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, help="0: greedy (default: inference.temperature)")
     p.add_argument("--out", help="output folder (default: eval.output_dir or CHECKPOINT/eval)")
     p.add_argument("--layer-skip", type=int, help="draft with the target's first N layers instead of heads")
+    p.add_argument(
+        "--profile", action="store_true", help="synchronise CUDA between engine phases (exact ms per phase)"
+    )
     p.add_argument("overrides", nargs="*", help="section.key=value overrides of the recipe")
     args = p.parse_args(argv)
 
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = build_engine(cfg, args.checkpoint, target, tok, layer_skip=args.layer_skip, curve=curve)
     eos = sorted({tok.eos_token_id} | set(setup.engine.eos_ids))
     setup.engine.eos_ids = set(eos)
+    setup.engine.profile = args.profile
     print(
         f"method {setup.method}; tree {setup.info['tree']['kind']} with {setup.info['budget']} nodes ({setup.info['budget_source']})"
     )
@@ -233,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         "pld_num_tokens": ev.pld_num_tokens,
         "plain_baseline": "transformers generate (same target, same process)",
         "notes": setup.info["notes"],
+        "phase_times_synchronised": args.profile or device.type != "cuda",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
