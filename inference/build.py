@@ -34,6 +34,8 @@ class EngineSetup:
     target: object  # the model the engine verifies with (Medusa-2: LoRA merged into the target)
     method: str
     info: dict = field(default_factory=dict)  # tree, budget, its source, cost curve, ... for the report
+    accuracies: list[list[float]] | None = None  # what tree_budget: auto and static trees were built from
+    depth: int = 0
 
 
 def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | None = None):
@@ -151,4 +153,28 @@ def build_engine(
         typical_alpha=inf.typical_alpha,
     )
     info.update({"tree": spec.describe(), "budget": budget, "budget_source": source})
-    return EngineSetup(engine, target, method, info)
+    return EngineSetup(engine, target, method, info, accuracies, depth)
+
+
+def retune_budget(
+    setup: EngineSetup, curve: dict[int, float], draft_cost: float, max_budget: int = 127
+) -> None:
+    """Re-choose an auto budget now that the drafter's own cost per step is measured: a drafter that
+    costs a constant per step makes verifying a few more nodes relatively cheaper."""
+    spec = setup.engine.spec
+    cands = tuple(n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 127) if n <= max_budget)
+    budget, table = choose_budget(curve, setup.accuracies, setup.depth, cands, draft_cost=draft_cost)
+    if spec.kind == "static":
+        setup.engine.spec = TreeSpec("static", build_tree(setup.accuracies, budget, max_depth=setup.depth))
+    else:
+        setup.engine.spec = TreeSpec("dynamic", depth=spec.depth, top_k=spec.top_k, budget=budget)
+    setup.info.update(
+        {
+            "tree": setup.engine.spec.describe(),
+            "budget": budget,
+            "budget_table": table,
+            "draft_cost_s": draft_cost,
+            "budget_source": setup.info["budget_source"]
+            + f" and a measured draft cost of {1000 * draft_cost:.1f} ms/step",
+        }
+    )

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from data.chat import first_turn_ids, next_turn_ids  # noqa: E402
 from headway.config import load_config  # noqa: E402
 from headway.target import load_target  # noqa: E402
-from inference.build import build_engine  # noqa: E402
+from inference.build import build_engine, retune_budget  # noqa: E402
 from inference.cost import measure_verify_cost  # noqa: E402
 from inference.questions import load_questions  # noqa: E402
 from inference.report import PromptResult, build_report, table, write_report  # noqa: E402
@@ -203,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     runner.hf(warm, 8, pld=False, seed=0)
     runner.hf(warm, 8, pld=True, seed=0)
     runner.spec(warm, 8, seed=0)
+    if inf.tree_budget == "auto" and setup.info["budget_source"].startswith("auto"):
+        calib = first_turn_ids(tok, "Explain in a few sentences why the sky is blue.")
+        out = runner.spec(calib, 48, seed=0)[2]
+        steps = max(1, sum(map(len, out.accepted)))
+        retune_budget(setup, curve, out.timings.get("draft", 0.0) / steps, inf.max_budget)
+        print(f"budget retuned to {setup.info['budget']} nodes ({setup.info['budget_source']})")
 
     results = []
     bar = tqdm(questions, desc="evaluate", unit="prompt")
@@ -226,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         "budget": setup.info["budget"],
         "budget_source": setup.info["budget_source"],
         "budget_table": setup.info.get("budget_table"),
+        "draft_cost_s": setup.info.get("draft_cost_s"),
         "accuracies": setup.info["accuracies"],
         "verify_cost": {str(k): v for k, v in curve.items()},
         "acceptance": inf.acceptance,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headway.config import load_config
-from inference.build import build_engine
+from inference.build import build_engine, retune_budget
 from inference.questions import MT_BENCH, MULTI_TURN, load_questions
 from inference.report import PromptResult, build_report, summarize, table, write_report
 
@@ -125,6 +125,9 @@ def test_build_medusa_auto(tiny_target, smol_tok):
     narrow = build_engine(cfg, None, tiny_target, smol_tok, curve=STEEP, log=lambda *a: None)
     assert narrow.info["budget"] < 8  # every token costs a forward: a small tree
     assert narrow.engine.spec.tree.max_depth <= 4  # never deeper than the heads
+    retune_budget(narrow, STEEP, draft_cost=1000.0, max_budget=64)  # drafting dwarfs verifying
+    assert narrow.info["budget"] == 64 and narrow.engine.spec.tree.num_nodes == 64
+    assert "draft cost" in narrow.info["budget_source"]
 
 
 def test_build_eagle_dynamic_chain_and_paths(tiny_target, smol_tok, tmp_path):
