@@ -221,7 +221,8 @@ def load_accuracies(path: str | Path) -> list[list[float]]:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON: {e}") from e
-    heads = (raw.get("accuracy") or raw.get("heads")) if isinstance(raw, dict) else None
+    key = "accuracy" if isinstance(raw, dict) and "accuracy" in raw else "heads"
+    heads = raw.get(key) if isinstance(raw, dict) else None
     if not isinstance(heads, list) or not heads:
         raise ValueError(
             f"{path}: expected a non-empty list of per-head top-k accuracies under key 'accuracy'"
@@ -232,10 +233,10 @@ def load_accuracies(path: str | Path) -> list[list[float]]:
             h = h.get("topk")
         if not isinstance(h, list) or not h or not all(isinstance(v, int | float) for v in h):
             raise ValueError(
-                f"{path}: heads[{i}] must be a list of cumulative top-k accuracies (or {{'topk': [...]}})"
+                f"{path}: {key}[{i}] must be a list of cumulative top-k accuracies (or {{'topk': [...]}})"
             )
         if any(not 0 <= v <= 1 for v in h) or any(b < a - 1e-9 for a, b in zip(h, h[1:], strict=False)):
-            raise ValueError(f"{path}: heads[{i}] must be non-decreasing values in [0, 1], got {h}")
+            raise ValueError(f"{path}: {key}[{i}] must be non-decreasing values in [0, 1], got {h}")
         out.append([float(v) for v in h])
     return out
 

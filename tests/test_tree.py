@@ -113,7 +113,10 @@ def test_accuracy_file(tmp_path):
     acc = load_accuracies(f)
     assert per_rank(acc)[0] == pytest.approx([0.6, 0.1, 0.05])
     f.write_text(json.dumps({"heads": [[0.6, 0.5]]}))
-    with pytest.raises(ValueError, match=r"accuracy\[0\] must be non-decreasing"):
+    with pytest.raises(ValueError, match=r"heads\[0\] must be non-decreasing"):
+        load_accuracies(f)
+    f.write_text(json.dumps({"accuracy": [[0.6, 0.7], [0.5, 0.4]]}))
+    with pytest.raises(ValueError, match=r"accuracy\[1\] must be non-decreasing"):
         load_accuracies(f)
     f.write_text(json.dumps({"per_head": []}))
     with pytest.raises(ValueError, match="'accuracy'"):
