@@ -16,7 +16,7 @@ from inference.engine import SpecEngine
 from inference.questions import load_questions
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_NEW = 24
+MAX_NEW = 16
 PER_DOMAIN = {"multi_turn": 4, "translation": 4, "summarization": 3, "qa": 3, "math_reasoning": 3, "rag": 3}
 EOS = 2
 

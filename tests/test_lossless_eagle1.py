@@ -13,8 +13,8 @@ from inference.trees import TreeSpec, default_tree
 pytestmark = pytest.mark.real_target
 
 SPECS = {
-    "static": TreeSpec("static", default_tree(12, depth=4)),
-    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=12),
+    "static": TreeSpec("static", default_tree(10, depth=4)),
+    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
 }
 
 

@@ -1,20 +1,23 @@
 """fp32 greedy losslessness on the real SmolLM2 with an EAGLE-3 drafter (untrained): static and
-dynamic trees, batch 1 and batch 4, 20 prompts over all six domains."""
+dynamic trees, batch 1 and batch 4, 20 prompts over all six domains; an 8,192-token draft vocabulary
+(d2t map) as in the recipe."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from lossless_common import check_lossless, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
 
 from heads.eagle import Eagle3Drafter
+from heads.vocab import DraftVocab
 from inference.drafters import EagleTreeDrafter
 from inference.trees import TreeSpec, default_tree
 
 pytestmark = pytest.mark.real_target
 
 SPECS = {
-    "static": TreeSpec("static", default_tree(12, depth=4)),
-    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=12),
+    "static": TreeSpec("static", default_tree(10, depth=4)),
+    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
 }
 
 
@@ -28,5 +31,6 @@ def case(smol_fp32, smol_tok):
 @pytest.mark.parametrize("tree", list(SPECS))
 def test_eagle3_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
-    drafter = EagleTreeDrafter(Eagle3Drafter.from_target(smol_fp32))
+    vocab = DraftVocab(torch.arange(8192, dtype=torch.int64), 49152)  # reduced, as in the recipe
+    drafter = EagleTreeDrafter(Eagle3Drafter.from_target(smol_fp32, vocab=vocab))
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)

@@ -16,8 +16,8 @@ from inference.trees import TreeSpec, default_tree
 pytestmark = pytest.mark.real_target
 
 SPECS = {
-    "static": TreeSpec("static", default_tree(16, depth=4)),
-    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=16),
+    "static": TreeSpec("static", default_tree(10, depth=4)),
+    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
 }
 
 

@@ -29,4 +29,4 @@ def test_scripted_drafter_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
     drafter = ScriptedDrafter([p + r for p, r in zip(ids, refs, strict=True)], smol_fp32.config.vocab_size)
     accepted = check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)
-    assert accepted > 200, "the drafter should be right often enough to exercise long accepted paths"
+    assert accepted > 120, "the drafter should be right often enough to exercise long accepted paths"
