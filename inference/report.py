@@ -72,7 +72,12 @@ def summarize(results: list[PromptResult], depth: int) -> dict:
         "pld_tau": _ratio(pl_tok - turns, pl_fwd - turns),  # prefills excluded, as for tau
         "identical_to_ar": sum(checked) if checked else None,
         "tokens": {"ar": ar_tok, "spec": sp_tok, "pld": pl_tok},
-        "ms_per_step": {k: round(1000 * v / steps, 3) for k, v in sorted(phases.items())} if steps else {},
+        # Engine time per verification step by phase (draft; verify = the target's decoder; accept =
+        # its lm_head at tree nodes + the rule; compact; observe; bookkeeping); prefill per turn.
+        "ms_per_step": {k: round(1000 * v / steps, 3) for k, v in sorted(phases.items()) if k != "prefill"}
+        if steps
+        else {},
+        "prefill_ms_per_turn": round(1000 * phases.get("prefill", 0.0) / turns, 3) if turns else None,
     }
 
 
