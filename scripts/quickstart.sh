@@ -3,10 +3,15 @@
 # creates or reuses .venv, installs headway, prepares the target, then
 #   1. self-distills a small prompt mix          -> runs/quickstart/data
 #   2. trains Medusa-1 heads on the frozen target -> runs/quickstart/medusa (+ head_accuracy.json)
+#   3. evaluates them with tree verification      -> runs/quickstart/eval (per-domain table, report.*)
+# The budget is smaller than the full recipes' (a few minutes of data and training, 3 Spec-Bench
+# questions per domain): the table shows the pipeline working, not the heads' best figures.
 # Outputs go under runs/quickstart/ (override with QUICKSTART_DIR). Rerunning resumes finished work.
 source "$(dirname "$0")/_env.sh"
 OUT=${QUICKSTART_DIR:-runs/quickstart}
 PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-32}
+EVAL_PER_DOMAIN=${EVAL_PER_DOMAIN:-3}
+EVAL_TOKENS=${EVAL_TOKENS:-64}
 start=$(date +%s)
 
 echo "== preparing the target"
@@ -22,5 +27,10 @@ python train/medusa.py --config configs/smollm2-135m/medusa.yaml \
   data.output_dir="$OUT/data" medusa.feature_cache_dir="$OUT/features-medusa" train.output_dir="$OUT/medusa" \
   train.eval_every=50 train.save_every=50
 python scripts/head_accuracy.py --checkpoint "$OUT/medusa"
+
+echo "== 3. per-domain evaluation: plain vs Medusa tree verification vs prompt lookup"
+echo "   (quickstart budget: $PROMPTS_PER_SOURCE prompts per source, $EVAL_PER_DOMAIN questions per domain, $EVAL_TOKENS new tokens per turn)"
+python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --checkpoint "$OUT/medusa" \
+  --per-domain "$EVAL_PER_DOMAIN" --max-new-tokens "$EVAL_TOKENS" --out "$OUT/eval"
 
 echo "== done in $(( $(date +%s) - start )) s; outputs under $OUT/"
