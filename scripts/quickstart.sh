@@ -4,12 +4,13 @@
 #   1. self-distills a small prompt mix          -> runs/quickstart/data
 #   2. trains Medusa-1 heads on the frozen target -> runs/quickstart/medusa (+ head_accuracy.json)
 #   3. evaluates them with tree verification      -> runs/quickstart/eval (per-domain table, report.*)
-# The budget is smaller than the full recipes' (a few minutes of data and training, 3 Spec-Bench
+# The budget is smaller than the full recipes' (96 prompts per source, 6 epochs of Medusa-1, 3 Spec-Bench
 # questions per domain): the table shows the pipeline working, not the heads' best figures.
 # Outputs go under runs/quickstart/ (override with QUICKSTART_DIR). Rerunning resumes finished work.
 source "$(dirname "$0")/_env.sh"
 OUT=${QUICKSTART_DIR:-runs/quickstart}
-PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-32}
+PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-96}
+EPOCHS=${EPOCHS:-6}
 EVAL_PER_DOMAIN=${EVAL_PER_DOMAIN:-3}
 EVAL_TOKENS=${EVAL_TOKENS:-64}
 start=$(date +%s)
@@ -25,7 +26,7 @@ python scripts/generate_data.py --config configs/smollm2-135m/data.yaml \
 echo "== 2. Medusa-1 heads on the frozen target (resumes from the newest checkpoint)"
 python train/medusa.py --config configs/smollm2-135m/medusa.yaml \
   data.output_dir="$OUT/data" medusa.feature_cache_dir="$OUT/features-medusa" train.output_dir="$OUT/medusa" \
-  train.eval_every=50 train.save_every=50
+  train.epochs="$EPOCHS" train.eval_every=100 train.save_every=100
 python scripts/head_accuracy.py --checkpoint "$OUT/medusa"
 
 echo "== 3. per-domain evaluation: plain vs Medusa tree verification vs prompt lookup"
