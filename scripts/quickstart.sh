@@ -30,7 +30,7 @@ python train/medusa.py --config configs/smollm2-135m/medusa.yaml \
 python scripts/head_accuracy.py --checkpoint "$OUT/medusa"
 
 echo "== 3. per-domain evaluation: plain vs Medusa tree verification vs prompt lookup"
-echo "   (quickstart budget: $PROMPTS_PER_SOURCE prompts per source, $EVAL_PER_DOMAIN questions per domain, $EVAL_TOKENS new tokens per turn)"
+echo "   (quickstart budget: $PROMPTS_PER_SOURCE prompts per source, $EPOCHS epochs, $EVAL_PER_DOMAIN questions per domain, $EVAL_TOKENS new tokens per turn)"
 python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --checkpoint "$OUT/medusa" \
   --per-domain "$EVAL_PER_DOMAIN" --max-new-tokens "$EVAL_TOKENS" --out "$OUT/eval"
 
