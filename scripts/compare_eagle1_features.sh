@@ -24,6 +24,6 @@ for run in sorted(Path(sys.argv[1]).iterdir()):
     if not rows:
         continue
     v = rows[-1]
-    acc = "  ".join(f"{k.split('/')[1]} {v[k]:.3f}" for k in sorted(v) if k.endswith("/top1"))
-    print(f"{run.name:16s} step {v['step']}: val loss {v['val/loss']:.3f}  top-1 {acc}")
+    acc = " / ".join(f"{v[k]:.3f}" for k in sorted(v) if k.startswith("val/acc_step"))
+    print(f"{run.name:16s} step {v['step']}: val loss {v['val/loss']:.3f}  top-1 per step {acc}")
 PY
