@@ -26,6 +26,7 @@ from data.dataset import COLUMNS, DATASET_SUBDIR, META_FILE, features
 from data.generate import generate_batch
 from data.sources import Conversation, load_conversations
 from headway.config import Config
+from headway.target import stop_token_ids
 
 SHARDS_SUBDIR = "shards"
 SUMMARY_FILE = "summary.json"
@@ -88,10 +89,7 @@ def is_validation(prompt_id: str, val_fraction: float) -> bool:
 class Distiller:
     def __init__(self, cfg: Config, model, tok):
         self.cfg, self.gen, self.model, self.tok = cfg, cfg.data.generation, model, tok
-        eos = {tok.eos_token_id}
-        gen_eos = getattr(model.generation_config, "eos_token_id", None)
-        eos |= set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
-        self.eos_ids = {e for e in eos if e is not None}
+        self.eos_ids = stop_token_ids(model, tok)
         self.max_context = getattr(model.config, "max_position_embeddings", None) or 1 << 30
 
     def run_shard(self, index: int, convs: list[Conversation], first_ids: list[list[int]], on_batch=None) -> dict:

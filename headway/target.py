@@ -177,6 +177,14 @@ def load_target(cfg: TargetConfig, device: torch.device | None = None, dtype: to
     return model, load_tokenizer(cfg)
 
 
+def stop_token_ids(model, tokenizer=None) -> set[int]:
+    """The ids `generate` stops at: the generation config's EOS (Llama-3 lists two) and the tokenizer's."""
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
+    ids.add(getattr(tokenizer, "eos_token_id", None))
+    return {i for i in ids if i is not None}
+
+
 def check_architecture(model_config, cfg: TargetConfig) -> None:
     for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
         want = getattr(cfg, key)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headway.config import Config
+from headway.target import stop_token_ids
 from inference.cost import choose_budget, measure_verify_cost
 from inference.engine import SpecEngine
 from inference.sampling import SamplingParams
@@ -140,17 +141,13 @@ def build_engine(
     if curve is not None:
         info["verify_cost"] = {str(k): v for k, v in curve.items()}
     sampling = SamplingParams(inf.temperature, inf.top_p, inf.sample_top_k)
-    # Stop where `generate` stops: the tokenizer's EOS and the generation config's (Llama-3 has two).
-    gen_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
     engine = SpecEngine(
         target,
         drafter,
         spec,
         sampling,
         acceptance=inf.acceptance,
-        eos_ids=eos or None,
+        eos_ids=stop_token_ids(target, tokenizer),  # stop where `generate` stops
         pad_id=tokenizer.pad_token_id or 0,
         typical_threshold=inf.typical_threshold,
         typical_alpha=inf.typical_alpha,

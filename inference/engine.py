@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from heads.base import FeatureSpec, TargetFeatures
+from headway.target import stop_token_ids
 from inference.acceptance import Verdict, accept_greedy, accept_sampling, accept_typical, children_table
 from inference.drafter import Accepted, Drafter, DraftTree
 from inference.sampling import SamplingParams, pick
@@ -80,10 +81,7 @@ class SpecEngine:
         self.sampling = sampling or SamplingParams()
         self.acceptance, self.pad_id = acceptance, pad_id
         self.typical = (typical_threshold, typical_alpha)
-        if eos_ids is None:
-            eos = model.generation_config.eos_token_id
-            eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
-        self.eos_ids = set(eos_ids)
+        self.eos_ids = set(stop_token_ids(model) if eos_ids is None else eos_ids)
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.fspec: FeatureSpec = drafter.feature_spec()

@@ -189,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     base = curve[min(curve)]
     print("verify cost (k new tokens / one): " + ", ".join(f"{k}: {v / base:.2f}x" for k, v in curve.items()))
     setup = build_engine(cfg, args.checkpoint, target, tok, layer_skip=args.layer_skip, curve=curve)
-    eos = sorted({tok.eos_token_id} | set(setup.engine.eos_ids))
-    setup.engine.eos_ids = set(eos)
+    eos = sorted(setup.engine.eos_ids)  # build_engine's: the tokenizer's and the generation config's
     setup.engine.profile = args.profile
     print(
         f"method {setup.method}; tree {setup.info['tree']['kind']} with {setup.info['budget']} nodes ({setup.info['budget_source']})"

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from data.chat import first_turn_ids
+from heads.vocab import DraftVocab
 from inference.engine import SpecEngine
 from inference.questions import load_questions
 
@@ -19,6 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_NEW = 16
 PER_DOMAIN = {"multi_turn": 4, "translation": 4, "summarization": 3, "qa": 3, "math_reasoning": 3, "rag": 3}
 EOS = 2
+
+
+def recipe_vocab() -> DraftVocab:
+    """An 8,192-token draft vocabulary, as the SmolLM2 recipes use: the low BPE ids, the common tokens."""
+    return DraftVocab(torch.arange(8192, dtype=torch.int64), 49152)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -294,3 +294,14 @@ def test_two_cpu_processes_split_the_shards(tmp_path, tiny_smol_vocab, smol_tok)
     made_by = {json.loads(p.read_text())["stats"]["process"] for p in (out / "shards").glob("*.json")}
     assert made_by == {0, 1}
     assert len(_all_rows(out)) == len(PROMPTS)
+
+
+def test_stop_token_ids_unite_generation_config_and_tokenizer():
+    from headway.target import stop_token_ids
+
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[128001, 128009]))
+    assert stop_token_ids(model, SimpleNamespace(eos_token_id=128009)) == {128001, 128009}
+    assert stop_token_ids(SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=2))) == {2}
+    no_config = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None))
+    assert stop_token_ids(no_config, SimpleNamespace(eos_token_id=0)) == {0}
+    assert stop_token_ids(SimpleNamespace()) == set()

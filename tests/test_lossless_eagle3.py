@@ -5,11 +5,9 @@ dynamic trees, batch 1 and batch 4, 20 prompts over all six domains; an 8,192-to
 from __future__ import annotations
 
 import pytest
-import torch
-from lossless_common import check_lossless, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
+from lossless_common import check_lossless, one_thread, plain_greedy, prompts, recipe_vocab  # noqa: F401 (fixture)
 
 from heads.eagle import Eagle3Drafter
-from heads.vocab import DraftVocab
 from inference.drafters import EagleTreeDrafter
 from inference.trees import TreeSpec, default_tree
 
@@ -31,6 +29,5 @@ def case(smol_fp32, smol_tok):
 @pytest.mark.parametrize("tree", list(SPECS))
 def test_eagle3_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
-    vocab = DraftVocab(torch.arange(8192, dtype=torch.int64), 49152)  # reduced, as in the recipe
-    drafter = EagleTreeDrafter(Eagle3Drafter.from_target(smol_fp32, vocab=vocab))
+    drafter = EagleTreeDrafter(Eagle3Drafter.from_target(smol_fp32, vocab=recipe_vocab()))
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)

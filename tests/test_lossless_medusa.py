@@ -5,11 +5,9 @@ static and dynamic trees, batch 1 and batch 4, 20 prompts."""
 from __future__ import annotations
 
 import pytest
-import torch
-from lossless_common import check_lossless, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
+from lossless_common import check_lossless, one_thread, plain_greedy, prompts, recipe_vocab  # noqa: F401 (fixture)
 
 from heads.medusa import MedusaHeads
-from heads.vocab import DraftVocab
 from inference.drafters import MedusaDrafter
 from inference.trees import TreeSpec, default_tree
 
@@ -31,6 +29,5 @@ def case(smol_fp32, smol_tok):
 @pytest.mark.parametrize("tree", list(SPECS))
 def test_medusa_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
-    vocab = DraftVocab(torch.arange(8192, dtype=torch.int64), 49152)  # low BPE ids: the common tokens
-    drafter = MedusaDrafter(MedusaHeads.from_target(smol_fp32, num_heads=4, vocab=vocab))
+    drafter = MedusaDrafter(MedusaHeads.from_target(smol_fp32, num_heads=4, vocab=recipe_vocab()))
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)
