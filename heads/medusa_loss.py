@@ -9,6 +9,11 @@ the last accepted token and everything after it is generated, so a label that si
 past the answer's <|im_end|>) would teach the head something decoding never asks for.
 Loss: sum_k decay^k * CE_k, each CE averaged over its head's positions; a label outside the draft
 vocabulary is left out of the loss but counts as a miss in the accuracy metrics.
+
+With `soft_label_weight` s > 0 (and `teacher_rows`, the target's lm_head rows of the draft vocabulary),
+CE_k = (1-s) * CE(label) + s * CE(p_target(. | position t+k) over the draft vocabulary, head k): the
+target's whole distribution over token t+k+1, read off the same final normed states the heads train on
+(the teacher signal of Hydra++; greedy data makes the label its argmax). No extra target forward.
 """
 
 from __future__ import annotations
@@ -49,22 +54,33 @@ def medusa_loss(
     loss_mask: torch.Tensor,
     decay: float,
     topk: tuple[int, ...] = (1, 5),
+    teacher_rows: torch.Tensor | None = None,
+    soft_label_weight: float = 0.0,
 ) -> LossOutput:
     """Sum over heads of decay^k * CE, computed only at each head's valid positions (cheap: no [B, T, V'] tensor)."""
     if hidden.shape[:2] != input_ids.shape:
         raise ValueError(f"hidden states {tuple(hidden.shape)} do not match input_ids {tuple(input_ids.shape)}")
+    if soft_label_weight > 0 and teacher_rows is None:
+        raise ValueError("soft_label_weight > 0 needs teacher_rows (the target's lm_head rows of the draft vocabulary)")
     if not torch.is_autocast_enabled(hidden.device.type):  # under autocast the matmuls cast it themselves
         hidden = hidden.to(heads.lm_heads[0].weight.dtype)
     total = hidden.new_zeros((), dtype=torch.float32)
     metrics: dict[str, torch.Tensor] = {}
+    if soft_label_weight > 0:  # the target's distribution at every position whose next token is generated, once
+        teacher, teacher_row = teacher_probs(hidden, loss_mask, teacher_rows)
     for k0, (valid, labels) in enumerate(medusa_head_targets(input_ids, loss_mask, heads.config.num_heads)):
         k = k0 + 1
         h = hidden[valid]  # [N, h]
         target_ids = labels[valid]
         draft_ids = heads.to_draft_ids(target_ids)
         logits = heads.head_logits(k0, h).float()  # [N, V']
-        if bool((draft_ids >= 0).any()):  # ignore_index, not a boolean gather: no [N, V'] copy and scatter
-            ce = F.cross_entropy(logits, torch.where(draft_ids >= 0, draft_ids, -100), ignore_index=-100)
+        in_vocab = draft_ids >= 0
+        if bool(in_vocab.any()):  # ignore_index, not a boolean gather: no [N, V'] copy and scatter
+            ce = F.cross_entropy(logits, torch.where(in_vocab, draft_ids, -100), ignore_index=-100)
+            if soft_label_weight > 0:
+                p = teacher[_shift_left(teacher_row, k, -1)[valid][in_vocab]]  # position t+k: over token t+k+1
+                soft = F.cross_entropy(logits[in_vocab], p)
+                ce = (1 - soft_label_weight) * ce + soft_label_weight * soft
         else:  # keep every weight in the graph (DDP expects gradients for all of them)
             ce = logits.sum() * 0.0
         total = total + (decay**k) * ce
@@ -79,13 +95,45 @@ def medusa_loss(
     return LossOutput(loss=total, metrics=metrics)
 
 
-class MedusaObjective(nn.Module):
-    """Medusa-1: the heads alone on the frozen target's final normed hidden states."""
+@torch.no_grad()
+def teacher_probs(
+    hidden: torch.Tensor, loss_mask: torch.Tensor, teacher_rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(hidden @ teacher_rows^T) at the positions whose next token is generated: (probs [N, V'] fp32,
+    row [B, T] -> its row in probs, -1 elsewhere). One matmul serves every head."""
+    need = _shift_left(loss_mask.bool(), 1, False)
+    logits = F.linear(hidden[need], teacher_rows.to(hidden.dtype))
+    row = torch.full(need.shape, -1, dtype=torch.long, device=need.device)
+    row[need] = torch.arange(logits.shape[0], device=need.device)
+    return torch.softmax(logits.float(), dim=-1), row
 
-    def __init__(self, heads: MedusaHeads, loss_decay: float = 0.8) -> None:
+
+class MedusaObjective(nn.Module):
+    """Medusa-1: the heads alone on the frozen target's final normed hidden states.
+
+    `teacher_rows` (the target's lm_head rows of the heads' draft vocabulary, frozen, not saved) enables
+    soft labels: `soft_label_weight` of each head's CE is against the target's own distribution."""
+
+    def __init__(
+        self,
+        heads: MedusaHeads,
+        loss_decay: float = 0.8,
+        teacher_rows: torch.Tensor | None = None,
+        soft_label_weight: float = 0.0,
+    ) -> None:
         super().__init__()
+        if not 0.0 <= soft_label_weight <= 1.0:
+            raise ValueError(f"soft_label_weight must be in [0, 1], got {soft_label_weight}")
+        if teacher_rows is not None and teacher_rows.shape != heads.lm_heads[0].weight.shape:
+            raise ValueError(
+                f"teacher_rows of shape {tuple(teacher_rows.shape)}, the heads' lm_head is {tuple(heads.lm_heads[0].weight.shape)}"
+            )
         self.heads = heads
         self.loss_decay = loss_decay
+        self.soft_label_weight = soft_label_weight
+        self.register_buffer(
+            "teacher_rows", None if teacher_rows is None else teacher_rows.detach().clone(), persistent=False
+        )
 
     def feature_spec(self) -> FeatureSpec:
         return FeatureSpec(final_normed=True)
@@ -93,7 +141,15 @@ class MedusaObjective(nn.Module):
     def training_loss(self, batch: dict[str, torch.Tensor], feats: TargetFeatures) -> LossOutput:
         if feats.final_normed is None:
             raise ValueError("Medusa heads need the target's final normed hidden state (features.final_normed)")
-        return medusa_loss(self.heads, feats.final_normed, batch["input_ids"], batch["loss_mask"], self.loss_decay)
+        return medusa_loss(
+            self.heads,
+            feats.final_normed,
+            batch["input_ids"],
+            batch["loss_mask"],
+            self.loss_decay,
+            teacher_rows=self.teacher_rows,
+            soft_label_weight=self.soft_label_weight,
+        )
 
     def save_pretrained(self, folder) -> None:
         self.heads.save_pretrained(folder)

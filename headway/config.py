@@ -90,6 +90,8 @@ class MedusaConfig:
     heads_only_steps: int = 0  # Medusa-2 stage 1: train the heads alone for this many steps
     lora_lr_ratio: float = 0.25  # adapters' lr = train.lr * this
     fc_bias: bool = True  # bias in the residual blocks' linears (the original Medusa has one)
+    # Medusa-1: this share of each head's CE is against the target's distribution instead of its token.
+    soft_label_weight: float = 0.0
     # offline: the target's final normed states are extracted once into feature_cache_dir (Medusa-1 only),
     # so every epoch after the first costs only the heads.
     hidden_states: Literal["online", "offline"] = "online"

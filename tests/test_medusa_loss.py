@@ -84,6 +84,58 @@ def test_medusa_loss_matches_brute_force(reduced):
         assert out.metrics[f"head{k}/top1"].item() == pytest.approx(acc)
 
 
+@pytest.mark.parametrize("reduced", [False, True])
+def test_soft_labels_match_brute_force(reduced):
+    """Head k at t learns the target's distribution at t+k (over token t+k+1), restricted to the draft vocabulary."""
+    torch.manual_seed(1)
+    target = tiny_llama(vocab_size=64, hidden_size=16)
+    vocab = DraftVocab(torch.arange(0, 64, 2, dtype=torch.int64), 64) if reduced else None
+    heads = MedusaHeads.from_target(target, num_heads=2, num_layers=1, vocab=vocab)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    w = target.get_output_embeddings().weight.detach()
+    rows = w[vocab.token_map] if reduced else w
+    B, T, s = 2, 12, 0.7
+    hidden = torch.randn(B, T, 16)
+    ids = torch.randint(0, 64, (B, T))
+    mask = torch.zeros(B, T, dtype=torch.long)
+    mask[0, 2:10] = 1
+    mask[1, 4:12] = 1
+    out = medusa_loss(heads, hidden, ids, mask, decay=0.8, teacher_rows=rows, soft_label_weight=s)
+    total = 0.0
+    for k in (1, 2):
+        hard, soft = [], []
+        for b in range(B):
+            for t in range(T - k - 1):
+                if not all(mask[b, j] == 1 for j in range(t + 1, t + k + 2)):
+                    continue
+                label = heads.to_draft_ids(ids[b, t + k + 1]).item()
+                if label < 0:
+                    continue
+                q = heads.lm_heads[k - 1](heads.blocks[k - 1](hidden[b, t])).log_softmax(-1)
+                p = torch.softmax(hidden[b, t + k] @ rows.T, -1)  # the target's next-token distribution at t+k
+                hard.append(-q[label])
+                soft.append(-(p * q).sum())
+        ce = (1 - s) * torch.stack(hard).mean() + s * torch.stack(soft).mean()
+        total = total + 0.8**k * ce
+    torch.testing.assert_close(out.loss, total.float(), rtol=1e-5, atol=1e-6)
+    hard_only = medusa_loss(heads, hidden, ids, mask, decay=0.8, teacher_rows=rows, soft_label_weight=0.0)
+    assert not torch.allclose(hard_only.loss, out.loss)
+
+
+def test_soft_labels_need_teacher_rows_of_the_heads_shape():
+    target = tiny_llama(vocab_size=64, hidden_size=16)
+    heads = MedusaHeads.from_target(target, num_heads=2, num_layers=1)
+    with pytest.raises(ValueError, match="teacher_rows"):
+        MedusaObjective(heads, teacher_rows=torch.zeros(10, 16), soft_label_weight=0.5)
+    with pytest.raises(ValueError, match="soft_label_weight"):
+        MedusaObjective(heads, soft_label_weight=1.5)
+    with pytest.raises(ValueError, match="teacher_rows"):
+        medusa_loss(heads, torch.randn(1, 6, 16), torch.zeros(1, 6, dtype=torch.long), torch.ones(1, 6), 0.8,
+                    soft_label_weight=0.5)
+
+
 def _train_cfg(tmp_path, **kw) -> TrainConfig:
     base = dict(
         output_dir=str(tmp_path), batch_size=4, max_steps=40, lr=1e-2, warmup_ratio=0.0, log_every=5,

@@ -68,6 +68,12 @@ def check_data_target(dataset_dir: str, target, tok, name: str) -> None:
             )
 
 
+def teacher_rows(heads: MedusaHeads, target):
+    """The target's lm_head rows of the heads' draft vocabulary: the soft labels' source."""
+    w = target.get_output_embeddings().weight.detach()
+    return w if heads.token_map is None else w[heads.token_map.to(w.device)]
+
+
 MEDUSA_SPEC = FeatureSpec(final_normed=True)
 
 
@@ -111,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     offline = m.hidden_states == "offline"
     if offline and m.lora:
         parser.error("Medusa-2 (medusa.lora: true) trains the target: it needs medusa.hidden_states: online")
+    if m.lora and m.soft_label_weight > 0:
+        parser.error("medusa.soft_label_weight is a Medusa-1 option (Medusa-2 distils the target through its KL)")
     if args.cache_only and not offline:
         parser.error("--cache-only needs medusa.hidden_states=offline")
     cache = ensure_feature_cache(cfg, target, tok, ds, accelerator) if offline else None
@@ -131,14 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         feature_source = None  # Medusa-2 runs the target inside its objective, with gradients
     elif offline:
-        objective = MedusaObjective(heads, m.loss_decay)
+        objective = MedusaObjective(heads, m.loss_decay, teacher_rows(heads, target), m.soft_label_weight)
         feature_source = BatchFeatures(objective.feature_spec())
         collate_fn = cache.collate_fn(objective.feature_spec(), pad_id=tok.pad_token_id, max_len=tc.max_seq_len)
         train_rows = with_split_column(train_rows, "train")
         val_rows = with_split_column(val_rows, "validation") if val_rows is not None else None
         del target  # the heads copied what they need; training never runs the target
     else:
-        objective = MedusaObjective(heads, m.loss_decay)
+        objective = MedusaObjective(heads, m.loss_decay, teacher_rows(heads, target), m.soft_label_weight)
         feature_source = OnlineFeatures(target, objective.feature_spec())
 
     try:
