@@ -95,6 +95,12 @@ def medusa_loss(
     return LossOutput(loss=total, metrics=metrics)
 
 
+def teacher_rows(heads: MedusaHeads, target: nn.Module) -> torch.Tensor:
+    """The target's lm_head rows of the heads' draft vocabulary: where soft labels come from."""
+    w = target.get_output_embeddings().weight.detach()
+    return w if heads.token_map is None else w[heads.token_map.to(w.device)]
+
+
 @torch.no_grad()
 def teacher_probs(
     hidden: torch.Tensor, loss_mask: torch.Tensor, teacher_rows: torch.Tensor

@@ -26,7 +26,7 @@ import torch
 from data.dataset import collate
 from data.features import OnlineFeatures
 from heads.medusa import MedusaHeads
-from heads.medusa_loss import Medusa2Objective, MedusaObjective
+from heads.medusa_loss import Medusa2Objective, MedusaObjective, teacher_rows
 from heads.vocab import build_draft_vocab
 from headway.bench import measure, mib
 from headway.config import load_config
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     m = cfg.medusa
     print(
         f"target {cfg.target.name} ({target.dtype}) on {device}; {len(batches)} batches x {args.batch_size} rows, "
-        f"{n_tokens} tokens; {m.num_heads} heads, mixed precision {tc.mixed_precision}"
+        f"{n_tokens} tokens; {m.num_heads} heads, soft labels {m.soft_label_weight}, mixed precision {tc.mixed_precision}"
     )
 
     def forward_step(batch):
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             lora = LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha, target_modules=list(m.lora_target_modules))
             objective, source = Medusa2Objective(get_peft_model(target, lora), heads, m.loss_decay, m.medusa2_lambda), None
         else:
-            objective = MedusaObjective(heads, m.loss_decay)
+            objective = MedusaObjective(heads, m.loss_decay, teacher_rows(heads, target), m.soft_label_weight)
             source = OnlineFeatures(target, objective.feature_spec())
             if variant == "medusa1-cached":  # extracted once, outside the timed steps
                 cached = {id(b): source(b) for b in batches}

@@ -5,7 +5,7 @@
 #     ./scripts/compare_eagle1_features.sh [STEPS] [OUT]
 # Prints the validation loss and top-1 accuracy per unrolled step of each variant.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/_env.sh"
 STEPS=${1:-120}
 OUT=${2:-runs/compare-eagle1}
 for variant in pre_norm:per_dim pre_norm:none post_norm:none; do
