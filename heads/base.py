@@ -35,6 +35,21 @@ class LossOutput:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # scalars for logging (detached)
 
 
+@torch.no_grad()
+def next_token_probs(
+    source: torch.Tensor, generated: torch.Tensor, to_logits
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's distribution over the next token at every position whose next token is target-generated
+    (bool `generated` [B, T]), computed once for all the heads or unrolled steps that learn from it:
+    (probs [N, V] fp32, row [B, T] -> its row in probs, -1 elsewhere). `to_logits` maps source rows to logits."""
+    need = torch.zeros_like(generated)
+    need[:, :-1] = generated[:, 1:]
+    probs = torch.softmax(to_logits(source[need]).float(), dim=-1)
+    row = torch.full(need.shape, -1, dtype=torch.long, device=need.device)
+    row[need] = torch.arange(probs.shape[0], device=need.device)
+    return probs, row
+
+
 class HeadObjective(Protocol):
     def feature_spec(self) -> FeatureSpec: ...
 

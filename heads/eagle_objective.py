@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.base import FeatureSpec, LossOutput, TargetFeatures
+from heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs
 from heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter, shift_left
 
 
@@ -96,16 +96,11 @@ class EagleObjective(nn.Module):
         """The loop's final export: the drafter folder (config.json + model.safetensors)."""
         self.drafter.save_pretrained(folder)
 
-    @torch.no_grad()
-    def _target_probs(self, batch, source: torch.Tensor, to_logits) -> tuple[torch.Tensor, torch.Tensor]:
-        """The target's distribution at every position whose next token is generated, computed once
-        (every step reuses it): (probs [N, V], row [B, T] -> its row in probs, -1 elsewhere)."""
+    @staticmethod
+    def _target_probs(batch, source: torch.Tensor, to_logits) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's distribution at every position whose next token is generated (every step reuses it)."""
         generated = batch["loss_mask"].bool() & batch["attention_mask"].bool()
-        need = shift_left(generated, 1, fill=False)
-        probs = torch.softmax(to_logits(source[need].float()).float(), dim=-1)
-        row = torch.full(need.shape, -1, dtype=torch.long, device=need.device)
-        row[need] = torch.arange(probs.shape[0], device=need.device)
-        return probs, row
+        return next_token_probs(source, generated, lambda x: to_logits(x.float()))
 
     @staticmethod
     def _rows_for_step(u, row: torch.Tensor, step: int, m: torch.Tensor) -> torch.Tensor:

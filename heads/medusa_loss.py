@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.base import FeatureSpec, LossOutput, TargetFeatures
+from heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs
 from heads.medusa import MedusaHeads
 
 
@@ -66,8 +66,10 @@ def medusa_loss(
         hidden = hidden.to(heads.lm_heads[0].weight.dtype)
     total = hidden.new_zeros((), dtype=torch.float32)
     metrics: dict[str, torch.Tensor] = {}
-    if soft_label_weight > 0:  # the target's distribution at every position whose next token is generated, once
-        teacher, teacher_row = teacher_probs(hidden, loss_mask, teacher_rows)
+    if soft_label_weight > 0:  # one matmul for every head: the target's distribution at each position
+        teacher, teacher_row = next_token_probs(
+            hidden, loss_mask.bool(), lambda x: F.linear(x, teacher_rows.to(x.dtype))
+        )
     for k0, (valid, labels) in enumerate(medusa_head_targets(input_ids, loss_mask, heads.config.num_heads)):
         k = k0 + 1
         h = hidden[valid]  # [N, h]
@@ -75,14 +77,16 @@ def medusa_loss(
         draft_ids = heads.to_draft_ids(target_ids)
         logits = heads.head_logits(k0, h).float()  # [N, V']
         in_vocab = draft_ids >= 0
-        if bool(in_vocab.any()):  # ignore_index, not a boolean gather: no [N, V'] copy and scatter
-            ce = F.cross_entropy(logits, torch.where(in_vocab, draft_ids, -100), ignore_index=-100)
-            if soft_label_weight > 0:
-                p = teacher[_shift_left(teacher_row, k, -1)[valid][in_vocab]]  # position t+k: over token t+k+1
-                soft = F.cross_entropy(logits[in_vocab], p)
-                ce = (1 - soft_label_weight) * ce + soft_label_weight * soft
-        else:  # keep every weight in the graph (DDP expects gradients for all of them)
+        if not bool(in_vocab.any()):  # keep every weight in the graph (DDP expects gradients for all of them)
             ce = logits.sum() * 0.0
+        elif soft_label_weight > 0:  # one log-softmax serves the label and the target's distribution
+            logq = logits[in_vocab].log_softmax(-1)
+            p = teacher[_shift_left(teacher_row, k, -1)[valid][in_vocab]]  # position t+k: over token t+k+1
+            ce = -soft_label_weight * (p * logq).sum(-1).mean()
+            if soft_label_weight < 1:
+                ce = ce - (1 - soft_label_weight) * logq.gather(1, draft_ids[in_vocab][:, None]).mean()
+        else:  # ignore_index, not a boolean gather: no [N, V'] copy and scatter
+            ce = F.cross_entropy(logits, torch.where(in_vocab, draft_ids, -100), ignore_index=-100)
         total = total + (decay**k) * ce
         metrics[f"head{k}/loss"] = ce.detach()
         n = max(1, h.shape[0])
@@ -99,19 +103,6 @@ def teacher_rows(heads: MedusaHeads, target: nn.Module) -> torch.Tensor:
     """The target's lm_head rows of the heads' draft vocabulary: where soft labels come from."""
     w = target.get_output_embeddings().weight.detach()
     return w if heads.token_map is None else w[heads.token_map.to(w.device)]
-
-
-@torch.no_grad()
-def teacher_probs(
-    hidden: torch.Tensor, loss_mask: torch.Tensor, teacher_rows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(hidden @ teacher_rows^T) at the positions whose next token is generated: (probs [N, V'] fp32,
-    row [B, T] -> its row in probs, -1 elsewhere). One matmul serves every head."""
-    need = _shift_left(loss_mask.bool(), 1, False)
-    logits = F.linear(hidden[need], teacher_rows.to(hidden.dtype))
-    row = torch.full(need.shape, -1, dtype=torch.long, device=need.device)
-    row[need] = torch.arange(logits.shape[0], device=need.device)
-    return torch.softmax(logits.float(), dim=-1), row
 
 
 class MedusaObjective(nn.Module):
@@ -137,9 +128,8 @@ class MedusaObjective(nn.Module):
         self.heads = heads
         self.loss_decay = loss_decay
         self.soft_label_weight = soft_label_weight
-        self.register_buffer(
-            "teacher_rows", None if teacher_rows is None else teacher_rows.detach().clone(), persistent=False
-        )
+        keep = teacher_rows is not None and soft_label_weight > 0  # hard labels only: hold no copy
+        self.register_buffer("teacher_rows", teacher_rows.detach().clone() if keep else None, persistent=False)
 
     def feature_spec(self) -> FeatureSpec:
         return FeatureSpec(final_normed=True)
