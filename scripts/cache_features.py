@@ -21,6 +21,8 @@ from data.dataset import load_distilled
 from data.feature_cache import StaleCacheError, write_cache
 from heads.eagle_objective import training_feature_spec
 from headway.config import ConfigError, load_config
+from headway.distributed import wants_cpu
+from headway.memory import keep_freed_cpu_memory
 from headway.target import load_target, target_fingerprint
 
 
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"{args.config}: set eagle.feature_cache_dir (or pass --out)")
         if args.overwrite and Path(out).exists():
             shutil.rmtree(out)
+        if wants_cpu(cfg.target.device):
+            keep_freed_cpu_memory()  # reuse freed activations between forwards (see headway/memory.py)
         target, tok = load_target(cfg.target)
         e = cfg.eagle
         spec = training_feature_spec(

@@ -1,0 +1,48 @@
+"""Keep freed CPU memory in the process instead of handing it back to the OS page by page.
+
+    from headway.memory import keep_freed_cpu_memory
+    keep_freed_cpu_memory()     # once, early in a CPU run; True where it took effect (Linux, glibc)
+
+glibc serves every block above its mmap threshold (at most 32 MiB) with a fresh mmap and unmaps it on
+free, so a training step that allocates the same large activations every step faults all their pages
+in again, and the kernel zeroes each one. On the SmolLM2 EAGLE-3 recipe (batch 8, up to 1,024 tokens,
+7 unrolled steps) that was 307 million minor page faults and 12% of the run's CPU time in the kernel;
+with this, 60 steps took 171 s instead of 205 s (system time 6 s instead of 50), same losses.
+Here blocks come from the heap (`M_MMAP_MAX` 0) and freed memory at its top is kept (a high
+`M_TRIM_THRESHOLD`), so the next step reuses pages already mapped. The cost is that the process holds
+on to its peak memory instead of returning it between steps. Elsewhere (macOS, musl, Windows) it does
+nothing. GLIBC_TUNABLES does the same from the shell:
+`GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+M_TRIM_THRESHOLD = -1  # from glibc's malloc.h
+M_MMAP_MAX = -4
+_TRIM_THRESHOLD = 2**31 - 1  # mallopt takes a C int: keep up to 2 GiB of free heap top
+
+_applied: bool | None = None
+
+
+def keep_freed_cpu_memory() -> bool:
+    """Tell glibc's malloc to serve large blocks from the heap and keep freed memory; True if it did."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    _applied = False
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+        _ = libc.gnu_get_libc_version  # only glibc has it (musl's mallopt is a no-op)
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _applied = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    return _applied
