@@ -35,6 +35,15 @@ class LossOutput:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # scalars for logging (detached)
 
 
+def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """x[:, t + n] at t (dim 1), `fill` past the end: aligns position t with what it predicts."""
+    if n == 0:
+        return x
+    pad_shape = (x.shape[0], min(n, x.shape[1]), *x.shape[2:])
+    pad = torch.full(pad_shape, fill, dtype=x.dtype, device=x.device)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
 @torch.no_grad()
 def next_token_probs(
     source: torch.Tensor, generated: torch.Tensor, to_logits
@@ -42,8 +51,7 @@ def next_token_probs(
     """The target's distribution over the next token at every position whose next token is target-generated
     (bool `generated` [B, T]), computed once for all the heads or unrolled steps that learn from it:
     (probs [N, V] fp32, row [B, T] -> its row in probs, -1 elsewhere). `to_logits` maps source rows to logits."""
-    need = torch.zeros_like(generated)
-    need[:, :-1] = generated[:, 1:]
+    need = shift_left(generated, 1, fill=False)
     probs = torch.softmax(to_logits(source[need]).float(), dim=-1)
     row = torch.full(need.shape, -1, dtype=torch.long, device=need.device)
     row[need] = torch.arange(probs.shape[0], device=need.device)

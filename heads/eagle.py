@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from heads import eagle_attention
-from heads.base import FeatureSpec, TargetFeatures
+from heads.base import FeatureSpec, TargetFeatures, shift_left
 from heads.vocab import DraftVocab
 
 CONFIG_FILE = "config.json"
@@ -618,15 +618,6 @@ class Eagle3Drafter(EagleDrafter):
 
 
 # ---------------------------------------------------------------- shifting and loading
-
-
-def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
-    """x[:, t + n] at t (dim 1), `fill` past the end: aligns position t with what it predicts."""
-    if n == 0:
-        return x
-    pad_shape = (x.shape[0], min(n, x.shape[1]), *x.shape[2:])
-    pad = torch.full(pad_shape, fill, dtype=x.dtype, device=x.device)
-    return torch.cat([x[:, n:], pad], dim=1)
 
 
 def load_drafter(

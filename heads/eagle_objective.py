@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs
-from heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter, shift_left
+from heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs, shift_left
+from heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
 
 
 @dataclass

@@ -22,16 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs
+from heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs, shift_left
 from heads.medusa import MedusaHeads
-
-
-def _shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
-    """y[:, t] = x[:, t + n], `fill` past the end."""
-    out = torch.full_like(x, fill)
-    if n < x.shape[1]:
-        out[:, : x.shape[1] - n] = x[:, n:]
-    return out
 
 
 def medusa_head_targets(
@@ -39,11 +31,11 @@ def medusa_head_targets(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """For each head k = 1..K: (valid [B, T] bool, labels [B, T] target ids = input_ids[:, t+k+1])."""
     m = loss_mask.bool()
-    run = _shift_left(m, 1, False)  # run[t]: tokens t+1 .. t+k+1 all generated
+    run = shift_left(m, 1, False)  # run[t]: tokens t+1 .. t+k+1 all generated
     out = []
     for k in range(1, num_heads + 1):
-        run = run & _shift_left(m, k + 1, False)
-        out.append((run, _shift_left(input_ids, k + 1, 0)))
+        run = run & shift_left(m, k + 1, False)
+        out.append((run, shift_left(input_ids, k + 1, 0)))
     return out
 
 
@@ -81,7 +73,7 @@ def medusa_loss(
             ce = logits.sum() * 0.0
         elif soft_label_weight > 0:  # one log-softmax serves the label and the target's distribution
             logq = logits[in_vocab].log_softmax(-1)
-            p = teacher[_shift_left(teacher_row, k, -1)[valid][in_vocab]]  # position t+k: over token t+k+1
+            p = teacher[shift_left(teacher_row, k, -1)[valid][in_vocab]]  # position t+k: over token t+k+1
             ce = -soft_label_weight * (p * logq).sum(-1).mean()
             if soft_label_weight < 1:
                 ce = ce - (1 - soft_label_weight) * logq.gather(1, draft_ids[in_vocab][:, None]).mean()
@@ -214,7 +206,7 @@ class Medusa2Objective(nn.Module):
         metrics = dict(heads_out.metrics)
         loss = self.lam * heads_out.loss
         # The target's own positions: logits at t predict t+1; keep those whose next token is generated.
-        predicts_generated = _shift_left(batch["loss_mask"].bool(), 1, False)
+        predicts_generated = shift_left(batch["loss_mask"].bool(), 1, False)
         if self.adapters_training:
             lm_head = self.target.get_output_embeddings()
             with torch.no_grad(), self.target.disable_adapter():
