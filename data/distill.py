@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from data.chat import first_turn_ids, next_turn_ids
-from data.dataset import COLUMNS, DATASET_SUBDIR, META_FILE, features
-from data.generate import generate_batch
-from data.sources import Conversation, load_conversations
 from headway.config import Config
+from headway.data.chat import first_turn_ids, next_turn_ids
+from headway.data.dataset import COLUMNS, DATASET_SUBDIR, META_FILE, features
+from headway.data.generate import generate_batch
+from headway.data.sources import Conversation, load_conversations
 from headway.target import stop_token_ids
 
 SHARDS_SUBDIR = "shards"

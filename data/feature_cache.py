@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.dataset import collate
-from data.feature_stats import FeatureMoments, generated_mask
-from data.features import OnlineFeatures, feature_key
-from heads.base import FeatureSpec, TargetFeatures
+from headway.data.dataset import collate
+from headway.data.feature_stats import FeatureMoments, generated_mask
+from headway.data.features import OnlineFeatures, feature_key
+from headway.heads.base import FeatureSpec, TargetFeatures
 
 FORMAT = "headway-feature-cache"
 MANIFEST = "manifest.json"

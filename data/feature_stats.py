@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from data.features import feature_key
-from heads.base import TargetFeatures
+from headway.data.features import feature_key
+from headway.heads.base import TargetFeatures
 
 
 class FeatureMoments:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from heads.base import FeatureSpec, TargetFeatures
+from headway.heads.base import FeatureSpec, TargetFeatures
 
 FeatureSource = Callable[[dict[str, torch.Tensor]], TargetFeatures]
 

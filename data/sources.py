@@ -1,6 +1,6 @@
 """Prompt sources: local JSON/JSONL files or Hugging Face datasets, turned into user turns.
 
-    from data.sources import load_conversations
+    from headway.data.sources import load_conversations
     convs, skipped = load_conversations(cfg.data)
 
 A row becomes a list of user turns; the target writes every answer itself (self-distillation),
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headway.config import DataConfig, SourceConfig
+from headway.paths import resolve_path
 
 
 @dataclass
@@ -37,7 +38,7 @@ def read_rows(src: SourceConfig) -> list[dict]:
     """Rows of a local .json/.jsonl file or a HF dataset id, read with `datasets`."""
     from datasets import load_dataset
 
-    path = Path(src.path).expanduser()
+    path = resolve_path(src.path)
     if path.suffix in (".json", ".jsonl"):
         if not path.is_file():
             raise FileNotFoundError(f"prompt source not found: {path} (data.sources entry with domain {src.domain!r})")

@@ -42,9 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads import eagle_attention
-from heads.base import FeatureSpec, TargetFeatures, shift_left
-from heads.vocab import DraftVocab
+from headway.heads import eagle_attention
+from headway.heads.base import FeatureSpec, TargetFeatures, shift_left
+from headway.heads.vocab import DraftVocab
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs, shift_left
-from heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
+from headway.heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs, shift_left
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
 
 
 @dataclass
@@ -230,7 +230,7 @@ def training_feature_spec(
     feature_source: str = "pre_norm",
 ) -> FeatureSpec:
     """What training needs from the target (to extract online or to cache), without building a drafter."""
-    from heads.eagle import default_feature_layers
+    from headway.heads.eagle import default_feature_layers
 
     if version == 3:
         layers = feature_layers or default_feature_layers(num_target_layers)

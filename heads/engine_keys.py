@@ -1,6 +1,6 @@
 """What each serving engine loads for each draft method: weights (name, shape, dtype) and config keys.
 
-    from heads.engine_keys import TABLES, check_folder
+    from headway.heads.engine_keys import TABLES, check_folder
     dims = check_folder("exports/eagle3-vllm", "vllm", "eagle3")   # ExportError naming key and both shapes
     for name, (shape, dtype) in TABLES[("vllm", "eagle3")].expected(dims).items(): print(name, shape, dtype)
 

@@ -1,6 +1,6 @@
 """Export headway checkpoints to what vLLM and SGLang load, and load such folders back into headway.
 
-    from heads.export import export, load_exported
+    from headway.heads.export import export, load_exported
     export("runs/llama-3.1-8b-instruct/eagle3", to="vllm", out="exports/llama-3.1-8b-instruct/eagle3-vllm")
     drafter = load_exported("exports/llama-3.1-8b-instruct/eagle3-vllm", "vllm", target)  # same draft logits
     python scripts/export.py --checkpoint runs/smollm2-135m/eagle3 --to sglang --out exports/smollm2-eagle3-sglang
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from heads.eagle import FORMAT as EAGLE_FORMAT
-from heads.eagle import EagleDrafterConfig, default_feature_layers, load_drafter
-from heads.engine_keys import (
+from headway.heads.eagle import FORMAT as EAGLE_FORMAT
+from headway.heads.eagle import EagleDrafterConfig, default_feature_layers, load_drafter
+from headway.heads.engine_keys import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     ExportError,
@@ -49,7 +49,7 @@ from heads.engine_keys import (
     table_for,
     weight_header,
 )
-from heads.medusa import MedusaHeads, MedusaHeadsConfig
+from headway.heads.medusa import MedusaHeads, MedusaHeadsConfig
 
 TARGETS = ("vllm", "sglang", "hf")
 EXPORT_BLOCK = "headway_export"
@@ -438,7 +438,7 @@ def export(
 
 
 def _export_hf(ckpt: Checkpoint, out: Path, dtype, report) -> ExportResult:
-    from heads.model_card import find_report, model_card
+    from headway.heads.model_card import find_report, model_card
 
     state = cast_floats(ckpt.state, dtype)
     report_path = find_report(ckpt.folder, report)

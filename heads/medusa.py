@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from heads.vocab import DraftVocab
+from headway.heads.vocab import DraftVocab
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs, shift_left
-from heads.medusa import MedusaHeads
+from headway.heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs, shift_left
+from headway.heads.medusa import MedusaHeads
 
 
 def medusa_head_targets(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.sampling import SamplingParams, pick, sample, warp
+from headway.inference.sampling import SamplingParams, pick, sample, warp
 
 
 @dataclass

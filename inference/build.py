@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headway.config import Config
-from headway.target import stop_token_ids
-from inference.cost import choose_budget, measure_verify_cost
-from inference.engine import SpecEngine
-from inference.sampling import SamplingParams
-from inference.trees import (
+from headway.inference.cost import choose_budget, measure_verify_cost
+from headway.inference.engine import SpecEngine
+from headway.inference.sampling import SamplingParams
+from headway.inference.trees import (
     DEFAULT_ACCURACIES,
     DRAFTER_DEFAULT_ACCURACIES,
     TreeSpec,
@@ -27,6 +26,7 @@ from inference.trees import (
     load_accuracies,
     load_paths,
 )
+from headway.target import stop_token_ids
 
 
 @dataclass
@@ -41,8 +41,8 @@ class EngineSetup:
 
 def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | None = None):
     """(drafter, target, method, max_depth, notes). Medusa-2 checkpoints merge their LoRA into the target."""
-    from inference.drafters import EagleTreeDrafter, MedusaDrafter, ModelDrafter
-    from inference.drafters import layer_skip as make_layer_skip
+    from headway.inference.drafters import EagleTreeDrafter, MedusaDrafter, ModelDrafter
+    from headway.inference.drafters import layer_skip as make_layer_skip
 
     inf = cfg.inference
     dtype = next(target.parameters()).dtype
@@ -56,7 +56,7 @@ def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | 
             notes,
         )
     if cfg.medusa is not None:
-        from heads.medusa import MedusaHeads
+        from headway.heads.medusa import MedusaHeads
 
         if checkpoint is None:
             heads = MedusaHeads.from_target(target, cfg.medusa.num_heads, cfg.medusa.num_layers)
@@ -72,8 +72,8 @@ def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | 
         heads = heads.to(dtype=dtype).eval()
         return MedusaDrafter(heads, inf.children), target, "medusa", heads.config.num_heads, notes
     if cfg.eagle is not None:
-        from heads.eagle import Eagle1Drafter, Eagle3Drafter
-        from heads.eagle import load_drafter as load_eagle
+        from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
+        from headway.heads.eagle import load_drafter as load_eagle
 
         if checkpoint is None:
             if cfg.eagle.version == 3:

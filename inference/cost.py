@@ -14,7 +14,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from inference.trees import additive_mask, build_tree, expected_tau
+from headway.inference.trees import additive_mask, build_tree, expected_tau
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 

@@ -21,9 +21,9 @@ from typing import Protocol
 
 import torch
 
-from heads.base import FeatureSpec, TargetFeatures
-from inference.sampling import SamplingParams
-from inference.trees import Tree, TreeSpec
+from headway.heads.base import FeatureSpec, TargetFeatures
+from headway.inference.sampling import SamplingParams
+from headway.inference.trees import Tree, TreeSpec
 
 
 @dataclass

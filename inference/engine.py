@@ -1,6 +1,6 @@
 """The decoding engine: prefill -> draft a tree -> verify it in one target forward -> accept -> compact.
 
-    from inference.engine import SpecEngine
+    from headway.inference.engine import SpecEngine
     engine = SpecEngine(model, drafter, TreeSpec("static", default_tree(32)), eos_ids={2})
     out = engine.generate([prompt_ids_1, prompt_ids_2], max_new_tokens=128)
     out.tokens, out.accepted   # per prompt: generated ids; draft tokens accepted per verification
@@ -23,12 +23,18 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from heads.base import FeatureSpec, TargetFeatures
+from headway.heads.base import FeatureSpec, TargetFeatures
+from headway.inference.acceptance import (
+    Verdict,
+    accept_greedy,
+    accept_sampling,
+    accept_typical,
+    children_table,
+)
+from headway.inference.drafter import Accepted, Drafter, DraftTree
+from headway.inference.sampling import SamplingParams, pick
+from headway.inference.trees import TreeSpec, additive_mask, ancestor_matrix, path_table
 from headway.target import stop_token_ids
-from inference.acceptance import Verdict, accept_greedy, accept_sampling, accept_typical, children_table
-from inference.drafter import Accepted, Drafter, DraftTree
-from inference.sampling import SamplingParams, pick
-from inference.trees import TreeSpec, additive_mask, ancestor_matrix, path_table
 
 
 @dataclass

@@ -16,9 +16,9 @@ from typing import Literal
 
 import torch
 
-from inference.drafter import DraftTree
-from inference.sampling import SamplingParams, warp
-from inference.trees import Tree
+from headway.inference.drafter import DraftTree
+from headway.inference.sampling import SamplingParams, warp
+from headway.inference.trees import Tree
 
 Expand = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 

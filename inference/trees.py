@@ -7,7 +7,7 @@ A static tree is Medusa's list of paths: `[[0], [0, 0], [1]]` is the root's top-
 child's top-1 child, and the root's top-2 child; the number at depth d is a rank of the drafter's
 distribution at depth d.
 
-    from inference.trees import build_tree, load_accuracies, chain, default_tree
+    from headway.inference.trees import build_tree, load_accuracies, chain, default_tree
     tree = build_tree(load_accuracies("runs/medusa/head_accuracy.json"), budget=32)
     print(tree.paths, expected_tau(tree, acc))
 

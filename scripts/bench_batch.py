@@ -20,14 +20,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from data.chat import first_turn_ids  # noqa: E402
-from headway.config import load_config  # noqa: E402
-from headway.target import load_target  # noqa: E402
-from inference.build import build_engine  # noqa: E402
-from inference.questions import load_questions  # noqa: E402
+from headway.config import load_config
+from headway.data.chat import first_turn_ids
+from headway.inference.build import build_engine
+from headway.inference.questions import load_questions
+from headway.paths import resolve_path
+from headway.target import load_target
 
 
 def _sync(device) -> None:
@@ -85,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     engine, model = setup.engine, setup.target
     eos = {tok.eos_token_id} | engine.eos_ids
     engine.eos_ids = eos
-    qs = load_questions(ROOT / cfg.eval.questions, per_domain=-(-args.prompts // 6))
+    qs = load_questions(resolve_path(cfg.eval.questions), per_domain=-(-args.prompts // 6))
     prompts = [first_turn_ids(tok, q.turns[0]) for q in qs][: args.prompts]
     plain_batch(model, prompts[:2], 4, eos, tok.pad_token_id)  # warm up
     engine.generate(prompts[:2], 4)

@@ -14,11 +14,11 @@ import argparse
 
 import torch
 
-from data.chat import first_turn_ids
-from data.generate import generate_batch
-from data.sources import load_conversations
 from headway.bench import measure, mib
 from headway.config import load_config
+from headway.data.chat import first_turn_ids
+from headway.data.generate import generate_batch
+from headway.data.sources import load_conversations
 from headway.target import load_target
 
 

@@ -23,16 +23,16 @@ import random
 
 import torch
 
-from data.dataset import collate
-from data.features import OnlineFeatures
-from heads.medusa import MedusaHeads
-from heads.medusa_loss import Medusa2Objective, MedusaObjective, teacher_rows
-from heads.vocab import build_draft_vocab
 from headway.bench import measure, mib
 from headway.config import load_config
+from headway.data.dataset import collate
+from headway.data.features import OnlineFeatures
+from headway.heads.medusa import MedusaHeads
+from headway.heads.medusa_loss import Medusa2Objective, MedusaObjective, teacher_rows
+from headway.heads.vocab import build_draft_vocab
 from headway.target import load_target
-from train.loop import ObjectiveModule, flatten_features, make_accelerator
-from train.optim import build_optimizer, default_param_groups
+from headway.train.loop import ObjectiveModule, flatten_features, make_accelerator
+from headway.train.optim import build_optimizer, default_param_groups
 
 VARIANTS = ("medusa1", "medusa1-cached", "medusa1-full", "medusa2")
 
@@ -40,7 +40,7 @@ VARIANTS = ("medusa1", "medusa1-cached", "medusa1-full", "medusa2")
 def bench_rows(cfg, n: int, seq_len: int, vocab_size: int, seed: int = 0) -> list[dict]:
     """Real distilled rows (cut to seq_len) when the recipe's data exist, else synthetic chat-shaped rows."""
     try:
-        from data.dataset import load_distilled
+        from headway.data.dataset import load_distilled
 
         ds = load_distilled(cfg.data.output_dir)
         split = ds["validation"] if len(ds["validation"]) >= n else ds["train"]

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from heads.engine_keys import ExportError, check_folder, method_of_config, read_config, table_for
-from heads.export import TARGETS, export, read_checkpoint, serve_command, to_headway
+from headway.heads.engine_keys import ExportError, check_folder, method_of_config, read_config, table_for
+from headway.heads.export import TARGETS, export, read_checkpoint, serve_command, to_headway
 
 DTYPES = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -10,8 +10,8 @@ Interrupt it at any time: a rerun with the same settings resumes from the finish
 import argparse
 import sys
 
-from data.distill import OutputMismatchError, distill
 from headway.config import ConfigError, load_config
+from headway.data.distill import OutputMismatchError, distill
 
 
 def main() -> None:

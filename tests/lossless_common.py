@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.chat import first_turn_ids
-from heads.vocab import DraftVocab
-from inference.engine import SpecEngine
-from inference.questions import load_questions
+from headway.data.chat import first_turn_ids
+from headway.heads.vocab import DraftVocab
+from headway.inference.engine import SpecEngine
+from headway.inference.questions import load_questions
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_NEW = 16
@@ -104,7 +104,7 @@ class ScriptedDrafter:
         self.offset = 0
 
     def feature_spec(self):
-        from heads.base import FeatureSpec
+        from headway.heads.base import FeatureSpec
 
         return FeatureSpec()
 
@@ -128,7 +128,7 @@ class ScriptedDrafter:
         return seq[pos] if pos < len(seq) else -1
 
     def draft(self, root, spec, sampling, generator):
-        from inference.grow import grow_dynamic, grow_static
+        from headway.inference.grow import grow_dynamic, grow_static
 
         B = root.shape[0]
         correct = [[True] * B]  # per expanded node (0: the root), per row: is its path the true one?

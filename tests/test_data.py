@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import data.distill as distill_mod
-from data.chat import first_turn_ids
-from data.dataset import collate, load_distilled
-from data.distill import OutputMismatchError, distill
-from data.generate import generate_batch
-from data.sources import load_conversations, row_turns
+import headway.data.distill as distill_mod
 from headway.config import Config, DataConfig, GenerationConfig, SourceConfig
+from headway.data.chat import first_turn_ids
+from headway.data.dataset import collate, load_distilled
+from headway.data.distill import OutputMismatchError, distill
+from headway.data.generate import generate_batch
+from headway.data.sources import load_conversations, row_turns
 
 
 def _write_jsonl(path, rows):

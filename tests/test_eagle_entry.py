@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,8 @@ import yaml
 from safetensors.torch import load_file
 from train_helpers import reset_accelerate, write_dataset, write_tiny_target
 
-from heads.eagle import Eagle3Drafter, load_drafter
 from headway.config import TargetConfig
+from headway.heads.eagle import Eagle3Drafter, load_drafter
 from headway.target import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,10 +65,8 @@ def recipe(tmp_path, smol_path):
 
 
 def test_offline_training_equals_online_and_loads(recipe, tmp_path):
-    from train.eagle import main
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import cache_features
+    from headway.train import cache_features
+    from headway.train.eagle import main
 
     assert main(["--config", str(recipe("online"))]) == 0
     reset_accelerate()
@@ -97,11 +94,11 @@ def test_offline_training_equals_online_and_loads(recipe, tmp_path):
 
 
 def test_offline_refuses_a_cache_for_other_layers(recipe, tmp_path):
-    from train.eagle import main
+    from headway.train.eagle import main
 
     assert main(["--config", str(recipe("first", hidden_states="offline")), "--cache-only"]) == 0
     reset_accelerate()
-    from data.feature_cache import StaleCacheError
+    from headway.data.feature_cache import StaleCacheError
 
     with pytest.raises(StaleCacheError, match=r"holds layers \[0, 1, 2\].*needs layers \[0, 1, 3\]"):
         main(["--config", str(recipe("second", hidden_states="offline", feature_layers=[1, 2, 4]))])

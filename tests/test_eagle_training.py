@@ -7,15 +7,15 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import reset_accelerate, synthetic_rows
 
-from data.dataset import collate
-from data.features import OnlineFeatures
-from heads.eagle import Eagle1Drafter, Eagle3Drafter
-from heads.eagle_objective import EagleLossConfig, align_step, build_objective
-from heads.vocab import DraftVocab
 from headway.config import TrainConfig
+from headway.data.dataset import collate
+from headway.data.features import OnlineFeatures
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
+from headway.heads.eagle_objective import EagleLossConfig, align_step, build_objective
+from headway.heads.vocab import DraftVocab
 from headway.target import tiny_llama
-from train.checkpoint import complete_checkpoints
-from train.loop import make_accelerator, train
+from headway.train.checkpoint import complete_checkpoints
+from headway.train.loop import make_accelerator, train
 
 V, H, L = 128, 32, 4
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from data.features import OnlineFeatures
-from heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
-from heads.engine_keys import TABLES, ExportError, check_folder, weight_header
-from heads.export import export, load_exported, read_checkpoint
-from heads.medusa import MedusaHeads
-from heads.vocab import DraftVocab
+from headway.data.features import OnlineFeatures
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
+from headway.heads.engine_keys import TABLES, ExportError, check_folder, weight_header
+from headway.heads.export import export, load_exported, read_checkpoint
+from headway.heads.medusa import MedusaHeads
+from headway.heads.vocab import DraftVocab
 from headway.target import tiny_llama
 
 V, H, L = 512, 64, 4
@@ -265,7 +265,7 @@ def test_round_trip_through_the_other_engine_and_hf(tmp_path, target):
     heads = _heads(target, "eagle3", scaled=False)
     heads.save_pretrained(tmp_path / "ckpt")
     export(tmp_path / "ckpt", "vllm", tmp_path / "v")
-    from heads.export import to_headway
+    from headway.heads.export import to_headway
 
     export(to_headway(tmp_path / "v", "vllm", target.config), "sglang", tmp_path / "s")
     export(to_headway(tmp_path / "s", "sglang", target.config), "hf", tmp_path / "h")

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from data.features import OnlineFeatures
-from heads.eagle import Eagle1Drafter, Eagle3Drafter
-from heads.export import export
-from heads.medusa import MedusaHeads
-from heads.vocab import DraftVocab
+from headway.data.features import OnlineFeatures
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
+from headway.heads.export import export
+from headway.heads.medusa import MedusaHeads
+from headway.heads.vocab import DraftVocab
 from headway.target import tiny_llama
 
 V, H, L = 512, 64, 5

@@ -10,14 +10,14 @@ import torch
 from datasets import DatasetDict
 from train_helpers import synthetic_rows
 
-from data.dataset import collate
-from data.feature_cache import FeatureCache, StaleCacheError, with_split_column, write_cache
-from data.feature_stats import FeatureMoments, generated_mask
-from data.features import BatchFeatures, OnlineFeatures
-from heads.base import FeatureSpec
+from headway.data.dataset import collate
+from headway.data.feature_cache import FeatureCache, StaleCacheError, with_split_column, write_cache
+from headway.data.feature_stats import FeatureMoments, generated_mask
+from headway.data.features import BatchFeatures, OnlineFeatures
+from headway.heads.base import FeatureSpec
 from headway.target import target_fingerprint, tiny_llama
-from train.data_order import DataOrder
-from train.loop import select_rows
+from headway.train.data_order import DataOrder
+from headway.train.loop import select_rows
 
 V, H = 128, 32
 SPEC = FeatureSpec(layers=(0, 1), final_normed=True)
@@ -93,7 +93,7 @@ class _Killed(Exception):
 
 def test_resume_after_kill_gives_the_same_cache(tmp_path, target, data, monkeypatch):
     _write(tmp_path / "straight", target, data)
-    import data.feature_cache as fc
+    import headway.data.feature_cache as fc
 
     real_save = fc._atomic_write_json
     calls = {"n": 0}

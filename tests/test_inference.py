@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from heads.base import FeatureSpec, TargetFeatures
-from heads.eagle import Eagle1Drafter, Eagle3Drafter
-from heads.medusa import MedusaHeads
+from headway.heads.base import FeatureSpec, TargetFeatures
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
+from headway.heads.medusa import MedusaHeads
+from headway.inference.drafter import Accepted, DraftTree
+from headway.inference.drafters import EagleTreeDrafter, MedusaDrafter, ModelDrafter, layer_skip
+from headway.inference.engine import SpecEngine
+from headway.inference.sampling import SamplingParams
+from headway.inference.trees import Tree, TreeSpec, chain, default_tree
 from headway.target import tiny_llama
-from inference.drafter import Accepted, DraftTree
-from inference.drafters import EagleTreeDrafter, MedusaDrafter, ModelDrafter, layer_skip
-from inference.engine import SpecEngine
-from inference.sampling import SamplingParams
-from inference.trees import Tree, TreeSpec, chain, default_tree
 
 
 @pytest.fixture(autouse=True, scope="module")

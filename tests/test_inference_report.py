@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from headway.config import load_config
-from inference.build import build_engine, retune_budget
-from inference.questions import MT_BENCH, MULTI_TURN, load_questions
-from inference.report import PromptResult, build_report, summarize, table, write_report
+from headway.inference.build import build_engine, retune_budget
+from headway.inference.questions import MT_BENCH, MULTI_TURN, load_questions
+from headway.inference.report import PromptResult, build_report, summarize, table, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_BENCH = ROOT / "data/prompts/spec_bench/question.jsonl"
@@ -151,7 +150,7 @@ def test_build_eagle_dynamic_chain_and_paths(tiny_target, smol_tok, tmp_path):
 
 
 def test_build_reads_head_accuracy_from_checkpoint(tiny_target, smol_tok, tmp_path):
-    from heads.medusa import MedusaHeads
+    from headway.heads.medusa import MedusaHeads
 
     ckpt = tmp_path / "medusa"
     MedusaHeads.from_target(tiny_target, 4).save_pretrained(ckpt)
@@ -180,8 +179,7 @@ def test_evaluate_script_end_to_end(tiny_target, smol_tok, tmp_path):
         f"base: {ROOT / 'configs/smollm2-135m/medusa.yaml'}\n"
         f"target: {{name: {model_dir}, dtype: float32, device: cpu, hidden_size: 64, num_hidden_layers: 4}}\n"
     )
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import evaluate
+    from headway.inference import evaluate
 
     out = tmp_path / "eval"
     rc = evaluate.main(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from lossless_common import check_lossless, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
 
-from heads.eagle import Eagle1Drafter
-from inference.drafters import EagleTreeDrafter
-from inference.trees import TreeSpec, default_tree
+from headway.heads.eagle import Eagle1Drafter
+from headway.inference.drafters import EagleTreeDrafter
+from headway.inference.trees import TreeSpec, default_tree
 
 pytestmark = pytest.mark.real_target
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from lossless_common import check_lossless, one_thread, plain_greedy, prompts, recipe_vocab  # noqa: F401 (fixture)
 
-from heads.medusa import MedusaHeads
-from inference.drafters import MedusaDrafter
-from inference.trees import TreeSpec, default_tree
+from headway.heads.medusa import MedusaHeads
+from headway.inference.drafters import MedusaDrafter
+from headway.inference.trees import TreeSpec, default_tree
 
 pytestmark = pytest.mark.real_target
 

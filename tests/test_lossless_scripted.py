@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from lossless_common import ScriptedDrafter, check_lossless, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
 
-from inference.trees import TreeSpec, default_tree
+from headway.inference.trees import TreeSpec, default_tree
 
 pytestmark = pytest.mark.real_target
 

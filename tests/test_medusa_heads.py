@@ -6,8 +6,8 @@ import pytest
 import torch
 from datasets import Dataset
 
-from heads.medusa import MedusaHeads
-from heads.vocab import DraftVocab, build_draft_vocab, coverage
+from headway.heads.medusa import MedusaHeads
+from headway.heads.vocab import DraftVocab, build_draft_vocab, coverage
 from headway.target import tiny_llama
 
 

@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 from train_helpers import reset_accelerate, synthetic_rows
 
-from data.features import OnlineFeatures
-from heads.medusa import MedusaHeads
-from heads.medusa_loss import Medusa2Objective, MedusaObjective, medusa_head_targets, medusa_loss
-from heads.vocab import DraftVocab
 from headway.config import TrainConfig
+from headway.data.features import OnlineFeatures
+from headway.heads.medusa import MedusaHeads
+from headway.heads.medusa_loss import Medusa2Objective, MedusaObjective, medusa_head_targets, medusa_loss
+from headway.heads.vocab import DraftVocab
 from headway.target import tiny_llama
-from train.loop import make_accelerator, train
+from headway.train.loop import make_accelerator, train
 
 
 @pytest.fixture(autouse=True)
@@ -216,7 +216,7 @@ def test_medusa2_adapter_saves_beside_heads_and_loads_with_peft(tmp_path):
 
 
 def test_topk_hits_agree_with_training_metrics():
-    from heads.medusa_loss import topk_hits
+    from headway.heads.medusa_loss import topk_hits
 
     torch.manual_seed(1)
     target = tiny_llama(vocab_size=64, hidden_size=16)

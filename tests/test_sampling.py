@@ -14,13 +14,13 @@ import itertools
 import pytest
 import torch
 
-import inference.engine as engine_mod
+import headway.inference.engine as engine_mod
+from headway.inference.acceptance import accept_sampling, residual
+from headway.inference.drafters import ModelDrafter
+from headway.inference.engine import SpecEngine
+from headway.inference.sampling import SamplingParams, warp
+from headway.inference.trees import Tree, TreeSpec, chain
 from headway.target import tiny_llama
-from inference.acceptance import accept_sampling, residual
-from inference.drafters import ModelDrafter
-from inference.engine import SpecEngine
-from inference.sampling import SamplingParams, warp
-from inference.trees import Tree, TreeSpec, chain
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -9,16 +9,16 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import reset_accelerate, synthetic_rows
 
-from data.features import BatchFeatures, OnlineFeatures, feature_key
-from heads.base import FeatureSpec, LossOutput
-from heads.medusa import MedusaHeads
-from heads.medusa_loss import MedusaObjective
 from headway.config import TrainConfig
+from headway.data.features import BatchFeatures, OnlineFeatures, feature_key
+from headway.heads.base import FeatureSpec, LossOutput
+from headway.heads.medusa import MedusaHeads
+from headway.heads.medusa_loss import MedusaObjective
 from headway.target import tiny_llama
-from train.checkpoint import complete_checkpoints
-from train.data_order import DataOrder
-from train.loop import NonFiniteLossError, make_accelerator, train
-from train.optim import cosine_with_warmup
+from headway.train.checkpoint import complete_checkpoints
+from headway.train.data_order import DataOrder
+from headway.train.loop import NonFiniteLossError, make_accelerator, train
+from headway.train.optim import cosine_with_warmup
 
 
 @pytest.fixture(autouse=True)
@@ -168,7 +168,7 @@ def test_cached_features_carried_in_the_batch_train_identically(tmp_path):
         ids = torch.tensor([rows[i]["input_ids"][:48]])
         cache[i] = online({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).final_normed[0]
 
-    from train.loop import default_collate
+    from headway.train.loop import default_collate
 
     base_collate = default_collate(2, 48)
 

@@ -13,7 +13,7 @@ import torch
 import yaml
 from train_helpers import reset_accelerate, write_dataset, write_tiny_target
 
-from heads.medusa import MedusaHeads
+from headway.heads.medusa import MedusaHeads
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TRAIN = 16
@@ -54,7 +54,7 @@ def _rows_seen(out: Path, rank: int) -> list[list[int]]:
 
 
 def test_single_process_entry_script_trains_and_saves(recipe, tmp_path):
-    from train.medusa import main
+    from headway.train.medusa import main
 
     assert main(["--config", str(recipe("single")), "train.lr=2e-3"]) == 0
     out = tmp_path / "single"
@@ -66,8 +66,7 @@ def test_single_process_entry_script_trains_and_saves(recipe, tmp_path):
     assert json.loads((out / "run_config.json").read_text())["train"]["lr"] == 2e-3
 
     # scripts/head_accuracy.py reads the run's own config, scores the validation split, writes JSON
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import head_accuracy
+    from headway.inference import head_accuracy
 
     assert head_accuracy.main(["--checkpoint", str(out), "--topk", "5"]) == 0
     report = json.loads((out / "head_accuracy.json").read_text())
@@ -79,7 +78,7 @@ def test_single_process_entry_script_trains_and_saves(recipe, tmp_path):
 
 
 def test_medusa2_entry_saves_heads_and_adapter(recipe, tmp_path):
-    from train.medusa import main
+    from headway.train.medusa import main
 
     cfg = recipe("m2", max_steps=3)
     assert main(["--config", str(cfg), "medusa.lora=true", "medusa.lora_r=4", "medusa.heads_only_steps=1"]) == 0
@@ -87,8 +86,7 @@ def test_medusa2_entry_saves_heads_and_adapter(recipe, tmp_path):
     assert (out / "model.safetensors").is_file() and (out / "lora" / "adapter_model.safetensors").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
     assert [r["train/lr_group1"] == 0 for r in rows] == [True, False, False]  # adapters join after stage 1
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import head_accuracy  # reads the heads through the adapted target
+    from headway.inference import head_accuracy  # reads the heads through the adapted target
 
     assert head_accuracy.main(["--checkpoint", str(out), "--topk", "3"]) == 0
     assert len(json.loads((out / "head_accuracy.json").read_text())["accuracy"]) == 2
@@ -119,7 +117,7 @@ def test_two_cpu_processes_split_the_data(recipe, tmp_path):
 def test_offline_feature_cache_trains_like_online(recipe, tmp_path):
     from safetensors.torch import load_file
 
-    from train.medusa import main
+    from headway.train.medusa import main
 
     assert main(["--config", str(recipe("online"))]) == 0
     reset_accelerate()

@@ -13,12 +13,11 @@ import json
 import pytest
 import torch
 
-from headway.target import tiny_llama
-from inference.drafter import DraftTree
-from inference.drafters import ModelDrafter, layer_skip
-from inference.drafters.model import crop_cache
-from inference.engine import SpecEngine
-from inference.trees import (
+from headway.inference.drafter import DraftTree
+from headway.inference.drafters import ModelDrafter, layer_skip
+from headway.inference.drafters.model import crop_cache
+from headway.inference.engine import SpecEngine
+from headway.inference.trees import (
     DEFAULT_ACCURACIES,
     Tree,
     TreeSpec,
@@ -31,6 +30,7 @@ from inference.trees import (
     path_table,
     per_rank,
 )
+from headway.target import tiny_llama
 
 # ---------------------------------------------------------------- static trees
 

@@ -27,18 +27,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from data.dataset import collate, load_distilled
-from data.feature_cache import MANIFEST, FeatureCache, with_split_column, write_cache
-from data.feature_stats import FeatureMoments, generated_mask
-from data.features import BatchFeatures, OnlineFeatures, feature_key
-from heads.base import FeatureSpec
-from heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
-from heads.eagle_objective import EagleLossConfig, build_objective
-from heads.vocab import build_draft_vocab, coverage
 from headway.config import Config, load_config
+from headway.data.dataset import collate, load_distilled
+from headway.data.feature_cache import MANIFEST, FeatureCache, with_split_column, write_cache
+from headway.data.feature_stats import FeatureMoments, generated_mask
+from headway.data.features import BatchFeatures, OnlineFeatures, feature_key
+from headway.heads.base import FeatureSpec
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
+from headway.heads.eagle_objective import EagleLossConfig, build_objective
+from headway.heads.vocab import build_draft_vocab, coverage
 from headway.target import load_target, target_fingerprint
-from train.loop import NonFiniteLossError, make_accelerator, select_rows, train
-from train.medusa import check_data_target
+from headway.train.loop import NonFiniteLossError, make_accelerator, select_rows, train
+from headway.train.medusa import check_data_target
 
 STATS_FILE = "feature_stats.safetensors"
 

@@ -33,12 +33,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from data.dataset import collate
-from heads.base import TargetFeatures
 from headway.config import TrainConfig
+from headway.data.dataset import collate
 from headway.distributed import wants_cpu
+from headway.heads.base import TargetFeatures
 from headway.memory import keep_freed_cpu_memory
-from train.checkpoint import (
+from headway.train.checkpoint import (
     TrainerState,
     checkpoint_dir,
     latest_checkpoint,
@@ -48,8 +48,8 @@ from train.checkpoint import (
     trainable_signature,
     write_state,
 )
-from train.data_order import DataOrder
-from train.optim import build_optimizer, build_scheduler, default_param_groups
+from headway.train.data_order import DataOrder
+from headway.train.optim import build_optimizer, build_scheduler, default_param_groups
 
 FeatureSource = Callable[[dict[str, torch.Tensor]], TargetFeatures]
 METRICS_FILE = "metrics.jsonl"

@@ -20,16 +20,16 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from data.dataset import load_distilled, load_meta
-from data.feature_cache import FeatureCache, with_split_column, write_cache
-from data.features import BatchFeatures, OnlineFeatures
-from heads.base import FeatureSpec
-from heads.medusa import MedusaHeads
-from heads.medusa_loss import Medusa2Objective, MedusaObjective, teacher_rows
-from heads.vocab import build_draft_vocab, coverage
 from headway.config import Config, load_config
+from headway.data.dataset import load_distilled, load_meta
+from headway.data.feature_cache import FeatureCache, with_split_column, write_cache
+from headway.data.features import BatchFeatures, OnlineFeatures
+from headway.heads.base import FeatureSpec
+from headway.heads.medusa import MedusaHeads
+from headway.heads.medusa_loss import Medusa2Objective, MedusaObjective, teacher_rows
+from headway.heads.vocab import build_draft_vocab, coverage
 from headway.target import load_target, target_fingerprint
-from train.loop import NonFiniteLossError, make_accelerator, train
+from headway.train.loop import NonFiniteLossError, make_accelerator, train
 
 
 def build_heads(cfg: Config, target, tok, train_rows, log=print) -> MedusaHeads:

@@ -7,8 +7,8 @@
 - `EagleTreeDrafter`: EAGLE-1 / EAGLE-3 feature drafters (heads/eagle.py), step by step over the tree.
 """
 
-from inference.drafters.eagle import EagleTreeDrafter
-from inference.drafters.medusa import MedusaDrafter
-from inference.drafters.model import ModelDrafter, layer_skip
+from headway.inference.drafters.eagle import EagleTreeDrafter
+from headway.inference.drafters.medusa import MedusaDrafter
+from headway.inference.drafters.model import ModelDrafter, layer_skip
 
 __all__ = ["EagleTreeDrafter", "MedusaDrafter", "ModelDrafter", "layer_skip"]

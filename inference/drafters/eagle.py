@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from heads.base import FeatureSpec
-from heads.eagle import EagleDrafter
-from inference.drafter import Accepted, DraftTree
-from inference.drafters.model import crop_cache
-from inference.grow import grow_dynamic, grow_static
-from inference.sampling import SamplingParams
-from inference.trees import TreeSpec, additive_mask
+from headway.heads.base import FeatureSpec
+from headway.heads.eagle import EagleDrafter
+from headway.inference.drafter import Accepted, DraftTree
+from headway.inference.drafters.model import crop_cache
+from headway.inference.grow import grow_dynamic, grow_static
+from headway.inference.sampling import SamplingParams
+from headway.inference.trees import TreeSpec, additive_mask
 
 
 class EagleTreeDrafter:

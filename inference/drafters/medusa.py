@@ -9,12 +9,12 @@ from typing import Literal
 
 import torch
 
-from heads.base import FeatureSpec
-from heads.medusa import MedusaHeads
-from inference.drafter import Accepted, DraftTree
-from inference.grow import grow_dynamic, grow_static
-from inference.sampling import SamplingParams
-from inference.trees import Tree, TreeSpec
+from headway.heads.base import FeatureSpec
+from headway.heads.medusa import MedusaHeads
+from headway.inference.drafter import Accepted, DraftTree
+from headway.inference.grow import grow_dynamic, grow_static
+from headway.inference.sampling import SamplingParams
+from headway.inference.trees import Tree, TreeSpec
 
 
 def last_valid(valid: torch.Tensor) -> torch.Tensor:

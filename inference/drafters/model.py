@@ -18,11 +18,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from heads.base import FeatureSpec
-from inference.drafter import Accepted, DraftTree
-from inference.grow import grow_dynamic, grow_static
-from inference.sampling import SamplingParams
-from inference.trees import TreeSpec, additive_mask
+from headway.heads.base import FeatureSpec
+from headway.inference.drafter import Accepted, DraftTree
+from headway.inference.grow import grow_dynamic, grow_static
+from headway.inference.sampling import SamplingParams
+from headway.inference.trees import TreeSpec, additive_mask
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:

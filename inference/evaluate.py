@@ -1,0 +1,257 @@
+"""Per-domain report: plain decoding vs speculative decoding vs HF prompt lookup, prompt by prompt.
+
+    python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --checkpoint runs/smollm2-135m/medusa
+    python scripts/evaluate.py --config configs/smollm2-135m/eagle3.yaml --checkpoint DIR --per-domain 10 \\
+        --max-new-tokens 128 --out runs/eval/eagle3
+    python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --per-domain 2 --max-new-tokens 32  # smoke: untrained heads
+    python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --layer-skip 8   # self-speculation baseline
+
+Questions default to Spec-Bench (six domains); `--questions FILE` takes any JSONL in its format.
+For every prompt (and every turn of a multi-turn one, each method continuing its own answers) the
+three methods run back to back in one process, in an order that rotates per prompt, so machine
+drift hits all three alike. Writes report.json / report.md / report.png to --out and prints the
+table. Extra `section.key=value` arguments override the recipe (e.g. inference.tree_budget=32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from headway.config import load_config
+from headway.data.chat import first_turn_ids, next_turn_ids
+from headway.inference.build import build_engine, retune_budget
+from headway.inference.cost import measure_verify_cost
+from headway.inference.questions import load_questions
+from headway.inference.report import PromptResult, build_report, table, write_report
+from headway.paths import resolve_path
+from headway.target import load_target
+
+
+class ForwardCounter:
+    """Counts the target's top-level forwards (prefill included) during HF generate."""
+
+    def __init__(self, model):
+        self.n = 0
+        self.handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.n += 1
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def turn_ids(tok, messages: list[dict], prev_ids: list[int] | None, ended: bool) -> list[int]:
+    """Prompt ids for the conversation `messages` (ending with a user turn), answers kept verbatim."""
+    if prev_ids is None:
+        return first_turn_ids(tok, messages[-1]["content"])
+    ids = next_turn_ids(tok, messages, prev_ids, ended)
+    if ids is None:  # the template rewrites answers: render the whole conversation instead
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+class Runner:
+    def __init__(self, setup, tok, cfg, eos: list[int]):
+        self.engine, self.model, self.tok, self.cfg, self.eos = setup.engine, setup.target, tok, cfg, eos
+        self.device = next(self.model.parameters()).device
+        self.counter = ForwardCounter(self.model)
+        inf = cfg.inference
+        self.gen_kwargs = {"do_sample": False}
+        if inf.temperature > 0:
+            self.gen_kwargs = {
+                "do_sample": True,
+                "temperature": inf.temperature,
+                "top_p": inf.top_p,
+                "top_k": inf.sample_top_k,
+            }
+
+    def hf(self, ids: list[int], max_new: int, pld: bool, seed: int):
+        x = torch.tensor([ids], device=self.device)
+        extra = {"prompt_lookup_num_tokens": self.cfg.eval.pld_num_tokens} if pld else {}
+        torch.manual_seed(seed)
+        self.counter.n = 0
+        _sync(self.device)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new,
+                eos_token_id=self.eos,
+                pad_token_id=self.tok.pad_token_id,
+                **self.gen_kwargs,
+                **extra,
+            )
+        _sync(self.device)
+        toks = out[0, len(ids) :].tolist()
+        for i, tkn in enumerate(
+            toks
+        ):  # generate pads finished rows with pad (= eos here): cut after the first eos
+            if tkn in self.eos:
+                toks = toks[: i + 1]
+                break
+        return toks, time.perf_counter() - t, self.counter.n
+
+    def spec(self, ids: list[int], max_new: int, seed: int):
+        _sync(self.device)
+        t = time.perf_counter()
+        out = self.engine.generate([ids], max_new, seed=seed)
+        _sync(self.device)
+        return out.tokens[0], time.perf_counter() - t, out
+
+    def run_question(self, q, index: int, max_new: int, seed: int) -> PromptResult:
+        res = PromptResult(q.question_id, q.domain, q.category, len(q.turns))
+        greedy = self.cfg.inference.temperature == 0
+        identical = True
+        state = {m: {"messages": [], "ids": None, "ended": False} for m in ("ar", "spec", "pld")}
+        order = ["ar", "spec", "pld"]
+        order = order[index % 3 :] + order[: index % 3]
+        for turn, text in enumerate(q.turns):
+            outs = {}
+            for m in order:
+                st = state[m]
+                st["messages"].append({"role": "user", "content": text})
+                prompt = turn_ids(self.tok, st["messages"], st["ids"], st["ended"])
+                if m == "spec":
+                    toks, dt, out = self.spec(prompt, max_new, seed + turn)
+                    res.spec_tokens += len(toks)
+                    res.spec_time += dt
+                    res.accepted += out.accepted[0]
+                    for k, v in out.timings.items():
+                        res.timings[k] = res.timings.get(k, 0.0) + v
+                else:
+                    toks, dt, fwd = self.hf(prompt, max_new, pld=(m == "pld"), seed=seed + turn)
+                    setattr(res, f"{m}_tokens", getattr(res, f"{m}_tokens") + len(toks))
+                    setattr(res, f"{m}_time", getattr(res, f"{m}_time") + dt)
+                    if m == "pld":
+                        res.pld_forwards += fwd
+                outs[m] = toks
+                st["ended"] = bool(toks) and toks[-1] in self.eos
+                st["ids"] = prompt + toks
+                answer = self.tok.decode(toks[:-1] if st["ended"] else toks, skip_special_tokens=False)
+                st["messages"].append({"role": "assistant", "content": answer})
+            identical &= outs["spec"] == outs["ar"]
+        res.identical = identical if greedy else None
+        return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="recipe YAML (configs/<model>/<method>.yaml)")
+    p.add_argument(
+        "--checkpoint", help="trained heads folder (config.json + model.safetensors); omit: untrained heads"
+    )
+    p.add_argument("--questions", help="Spec-Bench-format JSONL (default: eval.questions)")
+    p.add_argument("--per-domain", type=int, help="questions per domain (default: eval.per_domain)")
+    p.add_argument("--max-new-tokens", type=int, help="per turn (default: eval.max_new_tokens)")
+    p.add_argument("--temperature", type=float, help="0: greedy (default: inference.temperature)")
+    p.add_argument("--out", help="output folder (default: eval.output_dir or CHECKPOINT/eval)")
+    p.add_argument("--layer-skip", type=int, help="draft with the target's first N layers instead of heads")
+    p.add_argument(
+        "--profile", action="store_true", help="synchronise CUDA between engine phases (exact ms per phase)"
+    )
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides of the recipe")
+    args = p.parse_args(argv)
+
+    cfg = load_config(args.config, args.overrides)
+    ev, inf = cfg.eval, cfg.inference
+    if args.questions:
+        ev.questions = args.questions
+    if args.per_domain is not None:
+        ev.per_domain = args.per_domain
+    if args.max_new_tokens is not None:
+        ev.max_new_tokens = args.max_new_tokens
+    if args.temperature is not None:
+        inf.temperature = args.temperature
+    out_dir = Path(
+        args.out or ev.output_dir or (Path(args.checkpoint) / "eval" if args.checkpoint else "runs/eval")
+    )
+    questions = load_questions(
+        resolve_path(ev.questions), ev.per_domain
+    )
+
+    target, tok = load_target(cfg.target)
+    device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
+    print(f"target {cfg.target.name} on {device} ({dtype}); measuring the verify cost curve")
+    curve = measure_verify_cost(target)
+    base = curve[min(curve)]
+    print("verify cost (k new tokens / one): " + ", ".join(f"{k}: {v / base:.2f}x" for k, v in curve.items()))
+    setup = build_engine(cfg, args.checkpoint, target, tok, layer_skip=args.layer_skip, curve=curve)
+    eos = sorted(setup.engine.eos_ids)  # build_engine's: the tokenizer's and the generation config's
+    setup.engine.profile = args.profile
+    print(
+        f"method {setup.method}; tree {setup.info['tree']['kind']} with {setup.info['budget']} nodes ({setup.info['budget_source']})"
+    )
+    for note in setup.info["notes"]:
+        print("note:", note)
+
+    runner = Runner(setup, tok, cfg, eos)
+    warm = first_turn_ids(tok, "Say hello.")
+    runner.hf(warm, 8, pld=False, seed=0)
+    runner.hf(warm, 8, pld=True, seed=0)
+    runner.spec(warm, 8, seed=0)
+    if inf.tree_budget == "auto" and setup.info["budget_source"].startswith("auto"):
+        calib = first_turn_ids(tok, "Explain in a few sentences why the sky is blue.")
+        out = runner.spec(calib, 48, seed=0)[2]
+        steps = max(1, sum(map(len, out.accepted)))
+        retune_budget(setup, curve, out.timings.get("draft", 0.0) / steps, inf.max_budget)
+        print(f"budget retuned to {setup.info['budget']} nodes ({setup.info['budget_source']})")
+
+    results = []
+    bar = tqdm(questions, desc="evaluate", unit="prompt")
+    for i, q in enumerate(bar):
+        results.append(runner.run_question(q, i, ev.max_new_tokens, ev.seed))
+        r = results[-1]
+        bar.set_postfix(
+            domain=q.domain,
+            speedup=f"{(r.spec_tokens / r.spec_time) / max(1e-9, r.ar_tokens / r.ar_time):.2f}x",
+        )
+
+    import transformers
+
+    meta = {
+        "method": setup.method,
+        "checkpoint": args.checkpoint,
+        "target": cfg.target.name,
+        "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "tree": setup.info["tree"],
+        "budget": setup.info["budget"],
+        "budget_source": setup.info["budget_source"],
+        "budget_table": setup.info.get("budget_table"),
+        "draft_cost_s": setup.info.get("draft_cost_s"),
+        "accuracies": setup.info["accuracies"],
+        "verify_cost": {str(k): v for k, v in curve.items()},
+        "acceptance": inf.acceptance,
+        "lossless": inf.acceptance == "exact",
+        "sampling": {"temperature": inf.temperature, "top_p": inf.top_p, "top_k": inf.sample_top_k},
+        "max_new_tokens": ev.max_new_tokens,
+        "questions": str(ev.questions),
+        "per_domain": ev.per_domain,
+        "pld_num_tokens": ev.pld_num_tokens,
+        "plain_baseline": "transformers generate (same target, same process)",
+        "notes": setup.info["notes"],
+        "phase_times_synchronised": args.profile or device.type != "cuda",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    report = build_report(results, setup.engine.spec.max_depth, meta)
+    write_report(report, out_dir)
+    print(table(report))
+    print(f"engine ms per verification step: {report['overall']['ms_per_step']}")
+    print(f"written to {out_dir}/report.json, report.md, report.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Per-head top-1..top-10 accuracy of trained Medusa heads on the validation split (what a static tree is built from).
+
+    python scripts/head_accuracy.py --checkpoint runs/smollm2-135m/medusa
+    python scripts/head_accuracy.py --checkpoint DIR --config configs/smollm2-135m/medusa.yaml --max-rows 200
+
+Head k at position t is scored on y[t+k+1] wherever tokens t+1..t+k+1 are all target-generated (the
+training rule); a label outside the draft vocabulary counts as a miss. The target and the data come
+from the run's run_config.json unless --config says otherwise. Writes DIR/head_accuracy.json:
+{"accuracy": [[top1..top10] per head], "positions": [...], "per_domain": {domain: {...}}, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from headway.config import Config, from_dict, load_config
+from headway.data.dataset import load_distilled
+from headway.data.features import OnlineFeatures
+from headway.heads.base import FeatureSpec
+from headway.heads.medusa import MedusaHeads
+from headway.heads.medusa_loss import topk_hits
+from headway.target import load_target
+from headway.train.data_order import DataOrder
+from headway.train.loop import default_collate, select_rows
+
+
+def run_config(args) -> Config:
+    if args.config:
+        return load_config(args.config, args.overrides)
+    path = Path(args.checkpoint) / "run_config.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} not found: pass --config with the recipe the heads were trained with")
+    raw = json.loads(path.read_text())
+    raw.pop("source_file", None)
+    return from_dict(Config, raw, where=str(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="folder with config.json + model.safetensors (+ lora/)")
+    p.add_argument("--config", help="recipe YAML (default: the checkpoint's run_config.json)")
+    p.add_argument("--dataset-dir", help="distilled data folder (default: train.dataset_dir or data.output_dir)")
+    p.add_argument("--split", default="validation")
+    p.add_argument("--max-rows", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--topk", type=int, default=10)
+    p.add_argument("--out", help="JSON path (default: CHECKPOINT/head_accuracy.json)")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides for --config")
+    args = p.parse_args(argv)
+
+    cfg = run_config(args)
+    target, tok = load_target(cfg.target)
+    ckpt = Path(args.checkpoint)
+    heads = MedusaHeads.from_pretrained(ckpt, target=target)
+    if (ckpt / "lora" / "adapter_config.json").is_file():  # Medusa-2: the heads read the adapted target
+        from peft import PeftModel
+
+        target = PeftModel.from_pretrained(target, str(ckpt / "lora")).eval()
+    features = OnlineFeatures(target, FeatureSpec(final_normed=True))
+    data_dir = args.dataset_dir or cfg.train.dataset_dir or cfg.data.output_dir
+    rows = load_distilled(data_dir)[args.split]
+    if args.max_rows is not None:
+        rows = rows.select(range(min(args.max_rows, len(rows))))
+    lengths = [min(len(x), cfg.train.max_seq_len) for x in rows["input_ids"]]
+    batches = DataOrder(lengths, args.batch_size, shuffle=False).batches(0)
+    collate = default_collate(tok.pad_token_id, cfg.train.max_seq_len)
+    domains = rows["domain"] if "domain" in rows.column_names else ["all"] * len(rows)
+
+    K, topk = heads.config.num_heads, args.topk
+    totals: dict[str, list] = {}  # domain -> per head [hits, n]
+    seen: set[int] = set()
+    for idx in tqdm(batches, desc="head accuracy"):
+        idx = [i for i in dict.fromkeys(idx) if i not in seen]  # the last batch wraps around: count rows once
+        if not idx:
+            continue
+        seen.update(idx)
+        batch = collate(select_rows(rows, idx))
+        batch = {k: v.to(target.device) for k, v in batch.items()}
+        hidden = features(batch).final_normed
+        for j, i in enumerate(idx):  # per row, so per-domain sums are exact
+            one = topk_hits(heads, hidden[j : j + 1], batch["input_ids"][j : j + 1], batch["loss_mask"][j : j + 1], topk)
+            for dom in ("all", domains[i]):
+                acc = totals.setdefault(dom, [[torch.zeros(topk), 0] for _ in range(K)])
+                for k, (hits, n) in enumerate(one):
+                    acc[k][0] += hits
+                    acc[k][1] += n
+
+    def summarise(per_head) -> dict:
+        return {
+            "accuracy": [[round(float(h[j]) / max(1, n), 4) for j in range(topk)] for h, n in per_head],
+            "positions": [n for _, n in per_head],
+        }
+
+    report = {
+        "checkpoint": str(ckpt),
+        "split": args.split,
+        "rows": len(seen),
+        "num_heads": K,
+        "topk": topk,
+        "draft_vocab_size": heads.config.out_size,
+        **summarise(totals["all"]),
+        "per_domain": {d: summarise(v) for d, v in sorted(totals.items()) if d != "all"},
+    }
+    out = Path(args.out) if args.out else ckpt / "head_accuracy.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'head':>4} " + " ".join(f"top{j + 1:<4}" for j in range(topk)) + "  positions")
+    for k, (accs, n) in enumerate(zip(report["accuracy"], report["positions"], strict=True), start=1):
+        print(f"{k:>4} " + " ".join(f"{a:<7.3f}" for a in accs) + f"  {n}")
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
