@@ -231,14 +231,14 @@ class FeatureCache:
         path = self.folder / MANIFEST
         if not path.is_file():
             raise FileNotFoundError(
-                f"no feature cache in {self.folder} (no {MANIFEST}): run `python scripts/cache_features.py --config ...`"
+                f"no feature cache in {self.folder} (no {MANIFEST}): run `python scripts/cache_features.py --config <recipe>`"
             )
         self.manifest = json.loads(path.read_text())
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{path}: not a headway feature cache")
         if not self.manifest.get("complete"):
             raise ValueError(
-                f"{path}: the cache is incomplete (a run was cut off): rerun cache_features.py to finish it"
+                f"{path}: the cache is incomplete (a run was cut off): rerun `python scripts/cache_features.py --config <recipe>` to finish it"
             )
         self.shard_rows = int(self.manifest["shard_rows"])
         self.max_len = int(self.manifest["max_len"])

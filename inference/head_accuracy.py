@@ -20,14 +20,13 @@ import torch
 from tqdm.auto import tqdm
 
 from headway.config import Config, from_dict, load_config
-from headway.data.dataset import load_distilled
+from headway.data.dataset import default_collate, load_distilled, select_rows
 from headway.data.features import OnlineFeatures
 from headway.heads.base import FeatureSpec
 from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import topk_hits
 from headway.target import load_target
 from headway.train.data_order import DataOrder
-from headway.train.loop import default_collate, select_rows
 
 
 def run_config(args) -> Config:

@@ -27,14 +27,13 @@ from contextlib import nullcontext
 import torch
 
 from headway.config import load_config
-from headway.data.dataset import collate, load_distilled
+from headway.data.dataset import collate, load_distilled, select_rows
 from headway.data.feature_cache import FeatureCache, with_split_column, write_cache
 from headway.data.features import BatchFeatures, OnlineFeatures
 from headway.heads.eagle_objective import EagleLossConfig, build_objective, training_feature_spec
 from headway.heads.vocab import build_draft_vocab, coverage
 from headway.target import load_target, target_fingerprint
 from headway.train.eagle import build_drafter
-from headway.train.loop import select_rows
 
 
 def _sync(device: torch.device) -> None:

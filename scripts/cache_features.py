@@ -1,4 +1,4 @@
-"""Cache the target features an EAGLE recipe trains on, so training runs no target forward.
+"""Build the target-feature cache of an offline recipe (Medusa or EAGLE), so training runs no target forward.
 
 The command-line face of `headway.train.cache_features`: `python scripts/cache_features.py --help` lists its options.
 """

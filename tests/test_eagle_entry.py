@@ -94,9 +94,10 @@ def test_offline_training_equals_online_and_loads(recipe, tmp_path):
 
 
 def test_offline_refuses_a_cache_for_other_layers(recipe, tmp_path):
+    from headway.train import cache_features
     from headway.train.eagle import main
 
-    assert main(["--config", str(recipe("first", hidden_states="offline")), "--cache-only"]) == 0
+    assert cache_features.main(["--config", str(recipe("first", hidden_states="offline"))]) == 0
     reset_accelerate()
     from headway.data.feature_cache import StaleCacheError
 

@@ -10,14 +10,13 @@ import torch
 from datasets import DatasetDict
 from train_helpers import synthetic_rows
 
-from headway.data.dataset import collate
+from headway.data.dataset import collate, select_rows
 from headway.data.feature_cache import FeatureCache, StaleCacheError, with_split_column, write_cache
 from headway.data.feature_stats import FeatureMoments, generated_mask
 from headway.data.features import BatchFeatures, OnlineFeatures
 from headway.heads.base import FeatureSpec
 from headway.target import target_fingerprint, tiny_llama
 from headway.train.data_order import DataOrder
-from headway.train.loop import select_rows
 
 V, H = 128, 32
 SPEC = FeatureSpec(layers=(0, 1), final_normed=True)

@@ -168,7 +168,7 @@ def test_cached_features_carried_in_the_batch_train_identically(tmp_path):
         ids = torch.tensor([rows[i]["input_ids"][:48]])
         cache[i] = online({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).final_normed[0]
 
-    from headway.train.loop import default_collate
+    from headway.data.dataset import default_collate
 
     base_collate = default_collate(2, 48)
 

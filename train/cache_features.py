@@ -1,13 +1,17 @@
-"""Cache the target features an EAGLE recipe trains on, so training runs no target forward.
+"""Build the target-feature cache of an offline recipe (Medusa or EAGLE), so training runs no target forward.
 
     python scripts/cache_features.py --config configs/smollm2-135m/eagle3.yaml
+    python scripts/cache_features.py --config configs/smollm2-135m/medusa.yaml
     python scripts/cache_features.py --config configs/smollm2-135m/eagle.yaml eagle.feature_cache_dir=runs/smollm2-135m/features-eagle1
     python scripts/cache_features.py --config ... --batch-size 32 --shard-rows 256 [--overwrite]
 
-Writes eagle.feature_cache_dir (manifest.json + {train,validation}/shard-*.safetensors, with the train
-split's per-dimension feature statistics). Interrupt it at any time: a rerun resumes at the first
-unfinished shard. A cache made for another target, dataset, feature set or max length is refused.
-Prints rows, tokens, time, and bytes on disk (total and per 1,000 sequences).
+This is the one command that builds caches (CACHE_COMMAND in train/recipe.py); a single-process
+training run calls the same writer when its cache is missing. Writes <section>.feature_cache_dir of the
+recipe's `medusa:` or `eagle:` section (manifest.json + {train,validation}/shard-*.safetensors, with the
+train split's per-dimension feature statistics): the features that head's training reads. Interrupt it
+at any time: a rerun resumes at the first unfinished shard. A cache made for another target, dataset,
+feature set or max length is refused. Prints rows, tokens, time, and bytes on disk (total and per 1,000
+sequences).
 """
 
 from __future__ import annotations
@@ -17,53 +21,47 @@ import shutil
 import sys
 from pathlib import Path
 
-from headway.config import ConfigError, load_config
-from headway.data.dataset import load_distilled
-from headway.data.feature_cache import StaleCacheError, write_cache
+from headway.data.feature_cache import StaleCacheError
 from headway.distributed import wants_cpu
-from headway.heads.eagle_objective import training_feature_spec
 from headway.memory import keep_freed_cpu_memory
-from headway.target import load_target, target_fingerprint
+from headway.target import load_target
+from headway.train.eagle import Eagle
+from headway.train.medusa import Medusa
+from headway.train.recipe import build_feature_cache, load_checked_data, parse_recipe, recipe_parser
+
+HEADS = (Medusa(), Eagle())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = recipe_parser(__doc__, "configs/smollm2-135m/eagle3.yaml")
+    p.add_argument("--out", help="cache folder (default: the recipe's feature_cache_dir)")
+    p.add_argument("--batch-size", type=int, default=16, help="rows per target forward")
+    p.add_argument("--shard-rows", type=int, default=256, help="rows per shard (the unit of resumption)")
+    p.add_argument("--overwrite", action="store_true", help="delete an existing cache first")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="an EAGLE recipe, e.g. configs/smollm2-135m/eagle3.yaml")
-    ap.add_argument("--out", help="cache folder (default: eagle.feature_cache_dir)")
-    ap.add_argument("--batch-size", type=int, default=16, help="rows per target forward")
-    ap.add_argument("--shard-rows", type=int, default=256, help="rows per shard (the unit of resumption)")
-    ap.add_argument("--overwrite", action="store_true", help="delete an existing cache first")
-    ap.add_argument("overrides", nargs="*", help="section.key=value")
-    args = ap.parse_args(argv)
+    ap = parser()
+    args, cfg = parse_recipe(ap, argv)
+    head = next((h for h in HEADS if h.settings(cfg) is not None), None)
+    if head is None:
+        ap.error(f"{args.config} has no `medusa:` or `eagle:` section: nothing to cache features for")
+    out = args.out or head.settings(cfg).feature_cache_dir
+    if not out:
+        ap.error(f"{args.config}: set {head.section}.feature_cache_dir (or pass --out)")
     try:
-        cfg = load_config(args.config, args.overrides)
-        if cfg.eagle is None:
-            raise ConfigError(f"{args.config} has no `eagle:` section")
-        out = args.out or cfg.eagle.feature_cache_dir
-        if not out:
-            raise ConfigError(f"{args.config}: set eagle.feature_cache_dir (or pass --out)")
         if args.overwrite and Path(out).exists():
             shutil.rmtree(out)
         if wants_cpu(cfg.target.device):
             keep_freed_cpu_memory()  # reuse freed activations between forwards (see headway/memory.py)
         target, tok = load_target(cfg.target)
-        e = cfg.eagle
-        spec = training_feature_spec(
-            e.version, target.config.num_hidden_layers, e.feature_layers, e.feature_source
+        spec = head.feature_spec(cfg, target)
+        ds = load_checked_data(cfg, target, tok)
+        report = build_feature_cache(
+            cfg, target, tok, ds, spec, out, batch_size=args.batch_size, shard_rows=args.shard_rows
         )
-        ds = load_distilled(cfg.train.dataset_dir or cfg.data.output_dir)
-        report = write_cache(
-            target,
-            ds,
-            spec,
-            out,
-            max_len=cfg.train.max_seq_len,
-            target_fingerprint=target_fingerprint(target, tok, cfg.target.name),
-            pad_id=tok.pad_token_id,
-            batch_size=args.batch_size,
-            shard_rows=args.shard_rows,
-        )
-    except (ConfigError, StaleCacheError, FileNotFoundError, ValueError) as err:
+    except (StaleCacheError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     gib = report.bytes_on_disk / 2**30

@@ -3,14 +3,15 @@
     python scripts/cache_features.py --config configs/smollm2-135m/eagle3.yaml      # offline features first
     accelerate launch --config_file configs/accelerate/cpu.yaml train/eagle.py --config configs/smollm2-135m/eagle3.yaml
     python train/eagle.py --config configs/smollm2-135m/eagle.yaml train.max_steps=100 eagle.feature_norm=none
-    python train/eagle.py --config configs/smollm2-135m/eagle3.yaml --cache-only      # = scripts/cache_features.py
+    python -m headway.train.eagle --config configs/smollm2-135m/eagle3.yaml          # the same, from any folder
 
-Hidden states come from the target inside the loop (`eagle.hidden_states: online`) or from the cache of
-scripts/cache_features.py (`offline`: no target forward; the target's embedding and head are still
-loaded, the drafter shares them; a single-process run builds or finishes a missing cache first). With `eagle.feature_norm: per_dim` the per-dimension std of the target
+Hidden states come from the target inside the loop (`eagle.hidden_states: online`) or from the cache that
+`python scripts/cache_features.py --config <recipe>` builds (`offline`: no target forward; the target's
+embedding and head are still loaded, the drafter shares them; a single-process run builds or finishes a
+missing cache first). With `eagle.feature_norm: per_dim` the per-dimension std of the target
 features on generated tokens (offline: the whole train split, from the cache; online: the first
 `eagle.norm_stats_rows` train rows, kept in train.output_dir/feature_stats.safetensors) is stored in the
-drafter as `feature_scale`.
+drafter as `feature_scale`. The shared steps are in train/recipe.py.
 
 Writes train.output_dir/{config.json, model.safetensors}, checkpoints/, metrics.jsonl (per-step
 val/acc_step{i}, val/ce_step{i}, train/tokens_per_s), train_summary.json.
@@ -18,27 +19,23 @@ val/acc_step{i}, val/ce_step{i}, train/tokens_per_s), train_summary.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from headway.config import Config, load_config
-from headway.data.dataset import collate, load_distilled
-from headway.data.feature_cache import MANIFEST, FeatureCache, with_split_column, write_cache
+from headway.config import Config
+from headway.data.dataset import collate, select_rows
 from headway.data.feature_stats import FeatureMoments, generated_mask
-from headway.data.features import BatchFeatures, OnlineFeatures, feature_key
+from headway.data.features import OnlineFeatures, feature_key
 from headway.heads.base import FeatureSpec
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
-from headway.heads.eagle_objective import EagleLossConfig, build_objective
-from headway.heads.vocab import build_draft_vocab, coverage
-from headway.target import load_target, target_fingerprint
-from headway.train.loop import NonFiniteLossError, make_accelerator, select_rows, train
-from headway.train.medusa import check_data_target
+from headway.heads.eagle_objective import EagleLossConfig, build_objective, training_feature_spec
+from headway.target import target_fingerprint
+from headway.train.loop import TrainResult
+from headway.train.recipe import Batches, HeadRecipe, Run, draft_vocab, run_recipe
 
 STATS_FILE = "feature_stats.safetensors"
 
@@ -55,18 +52,10 @@ def build_drafter(cfg: Config, target, tok, train_rows, log=print) -> EagleDraft
             target_name=cfg.target.name,
             fingerprint=fingerprint,
         )
-    vocab_size = target.get_output_embeddings().weight.shape[0]
-    vocab = None
-    if e.draft_vocab_size is not None and e.draft_vocab_size < vocab_size:
-        special = [i for i in (tok.eos_token_id, tok.pad_token_id) if i is not None]
-        vocab = build_draft_vocab(train_rows, e.draft_vocab_size, vocab_size, always_include=special)
-        log(
-            f"draft vocabulary: {vocab.size} of {vocab_size} tokens, covering {coverage(vocab, train_rows):.2%} of answer tokens"
-        )
     return Eagle3Drafter.from_target(
         target,
         feature_layers=e.feature_layers,
-        vocab=vocab,
+        vocab=draft_vocab(e.draft_vocab_size, target, tok, train_rows, log),
         feature_norm=e.feature_norm,
         target_name=cfg.target.name,
         fingerprint=fingerprint,
@@ -132,134 +121,48 @@ def stats_for_online_run(
     return moments
 
 
-def ensure_feature_cache(cfg: Config, target, tok, ds, spec: FeatureSpec, accelerator) -> FeatureCache:
-    """The offline cache, written (or finished) here by a single process when it is not complete yet."""
-    folder = Path(cfg.eagle.feature_cache_dir)
-    manifest = folder / MANIFEST
-    fingerprint = target_fingerprint(target, tok, cfg.target.name)
-    if not (manifest.is_file() and json.loads(manifest.read_text()).get("complete")):
-        if accelerator.num_processes > 1:
-            raise RuntimeError(
-                f"the feature cache {folder} is not complete: build it first with one process, "
-                f"`python scripts/cache_features.py --config <recipe>`"
+class Eagle(HeadRecipe):
+    section = "eagle"
+    example = "configs/smollm2-135m/eagle3.yaml"
+
+    def feature_spec(self, cfg: Config, target: nn.Module) -> FeatureSpec:
+        e = cfg.eagle
+        return training_feature_spec(e.version, target.config.num_hidden_layers, e.feature_layers, e.feature_source)
+
+    def build_objective(self, run: Run) -> nn.Module:
+        drafter = build_drafter(run.cfg, run.target, run.tok, run.ds["train"], log=run.accelerator.print)
+        return build_objective(drafter, EagleLossConfig.from_config(run.cfg.eagle), pad_id=run.tok.pad_token_id)
+
+    def before_training(self, run: Run, objective: nn.Module, batches: Batches) -> None:
+        e, accelerator, drafter = run.cfg.eagle, run.accelerator, objective.drafter
+        if e.feature_norm == "per_dim":
+            if run.cache is not None:
+                moments = run.cache.moments()
+            else:
+                moments = stats_for_online_run(
+                    run.cfg, run.target, run.tok, run.ds["train"], drafter.feature_spec(), accelerator
+                )
+            std = drafter_feature_std(drafter, moments)
+            drafter.set_feature_scale(std)
+            accelerator.print(
+                f"feature_norm per_dim: std median {std.median():.3g}, max {std.max():.3g} over {std.numel()} dimensions"
             )
-        write_cache(
-            target,
-            ds,
-            spec,
-            folder,
-            max_len=cfg.train.max_seq_len,
-            target_fingerprint=fingerprint,
-            pad_id=tok.pad_token_id,
+        if e.version == 3 and e.calibrate_init:
+            first = list(range(min(len(batches.train_rows), run.cfg.train.batch_size)))
+            batch = batches.collate_fn(select_rows(batches.train_rows, first))
+            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+            c = objective.calibrate_output_scale(batch, batches.feature_source(batch))
+            accelerator.print(f"drafter norm initialised at {c} x the target's (least step-1 CE on the first batch)")
+
+    def summary(self, cfg: Config, result: TrainResult) -> str:
+        steps = sorted(k for k in result.val_metrics if k.startswith("val/acc_step"))
+        return f"EAGLE-{cfg.eagle.version} drafter saved to {result.output_dir} after {result.step} steps; " + " ".join(
+            f"{k.removeprefix('val/')}={result.val_metrics[k]:.3f}" for k in steps
         )
-    cache = FeatureCache(folder)
-    splits = {k: ds[k] for k in ("train", "validation") if k in ds}
-    cache.check(spec, fingerprint, splits, max_len=cfg.train.max_seq_len)
-    return cache
-
-
-def keep_only_what_offline_needs(target: nn.Module) -> None:
-    """Offline training never runs the target: keep its first decoder layer (its class) and drop the rest."""
-    base = target.get_decoder()
-    base.layers = nn.ModuleList([base.layers[0]])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--config", required=True, help="an EAGLE recipe YAML, e.g. configs/smollm2-135m/eagle3.yaml"
-    )
-    parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=50")
-    parser.add_argument(
-        "--cache-only", action="store_true", help="offline: only build eagle.feature_cache_dir, then stop"
-    )
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
-    if cfg.eagle is None:
-        parser.error(f"{args.config} has no `eagle:` section")
-    e, tc = cfg.eagle, cfg.train
-    dataset_dir = tc.dataset_dir or cfg.data.output_dir
-    offline = e.hidden_states == "offline"
-    if offline and not e.feature_cache_dir:
-        parser.error(f"{args.config}: eagle.hidden_states is offline but eagle.feature_cache_dir is not set")
-    if args.cache_only and not offline:
-        parser.error("--cache-only needs eagle.hidden_states=offline")
-
-    accelerator = make_accelerator(tc, device=cfg.target.device)
-    target, tok = load_target(cfg.target, device=accelerator.device)
-    check_data_target(dataset_dir, target, tok, cfg.target.name)
-    ds = load_distilled(dataset_dir)
-    train_rows, val_rows = ds["train"], ds.get("validation")
-    torch.manual_seed(tc.seed)  # the drafter's initial weights: the same on every rank and every run
-    drafter = build_drafter(cfg, target, tok, train_rows, log=accelerator.print)
-    objective = build_objective(drafter, EagleLossConfig.from_config(e), pad_id=tok.pad_token_id)
-    spec = objective.feature_spec()
-
-    collate_fn = None
-    if offline:
-        cache = ensure_feature_cache(cfg, target, tok, ds, spec, accelerator)
-        if args.cache_only:
-            accelerator.print(
-                f"feature cache complete: {cache.folder} ({cache.bytes_on_disk / 2**30:.2f} GiB)"
-            )
-            return 0
-        keep_only_what_offline_needs(target)
-        feature_source = BatchFeatures(spec)
-        collate_fn = cache.collate_fn(spec, pad_id=tok.pad_token_id, max_len=tc.max_seq_len)
-        train_rows = with_split_column(train_rows, "train")
-        val_rows = with_split_column(val_rows, "validation") if val_rows is not None else None
-        moments = cache.moments() if e.feature_norm == "per_dim" else None
-        accelerator.print(f"offline features from {cache.folder} ({cache.bytes_on_disk / 2**30:.2f} GiB)")
-    else:
-        feature_source = OnlineFeatures(target, spec)
-        moments = (
-            stats_for_online_run(cfg, target, tok, train_rows, drafter.feature_spec(), accelerator)
-            if e.feature_norm == "per_dim"
-            else None
-        )
-    if moments is not None:
-        std = drafter_feature_std(drafter, moments)
-        drafter.set_feature_scale(std)
-        accelerator.print(
-            f"feature_norm per_dim: std median {std.median():.3g}, max {std.max():.3g} over {std.numel()} dimensions"
-        )
-
-    if e.version == 3 and e.calibrate_init:
-        first = list(range(min(len(train_rows), tc.batch_size)))
-        batch = (
-            collate_fn(select_rows(train_rows, first))
-            if collate_fn
-            else collate(select_rows(train_rows, first), tok.pad_token_id, tc.max_seq_len)
-        )
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        c = objective.calibrate_output_scale(batch, feature_source(batch))
-        accelerator.print(
-            f"drafter norm initialised at {c} x the target's (least step-1 CE on the first batch)"
-        )
-
-    try:
-        result = train(
-            objective,
-            train_rows,
-            val_rows,
-            tc,
-            accelerator,
-            pad_id=tok.pad_token_id,
-            feature_source=feature_source,
-            collate_fn=collate_fn,
-            run_config=asdict(cfg),
-        )
-    except NonFiniteLossError as err:
-        accelerator.print(f"error: {err}")
-        return 1
-    steps = sorted(k for k in result.val_metrics if k.startswith("val/acc_step"))
-    accelerator.print(
-        f"EAGLE-{e.version} drafter saved to {result.output_dir} after {result.step} steps; "
-        + " ".join(f"{k.removeprefix('val/')}={result.val_metrics[k]:.3f}" for k in steps)
-    )
-    return 0
+    return run_recipe(Eagle(), argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from headway.config import TrainConfig
-from headway.data.dataset import collate
+from headway.data.dataset import default_collate, select_rows
 from headway.distributed import wants_cpu
 from headway.heads.base import TargetFeatures
 from headway.memory import keep_freed_cpu_memory
@@ -134,24 +134,6 @@ def unflatten_features(d: dict[str, torch.Tensor]) -> TargetFeatures:
     )
 
 
-def select_rows(ds, indices: list[int]) -> list[dict]:
-    """Rows `indices` of a datasets.Dataset as dicts, each with its `row_index`."""
-    cols = ds[indices]
-    rows = [dict(zip(cols.keys(), vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
-    for r, i in zip(rows, indices, strict=True):
-        r["row_index"] = i
-    return rows
-
-
-def default_collate(pad_id: int, max_len: int) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
-    def fn(rows: list[dict]) -> dict[str, torch.Tensor]:
-        batch = collate(rows, pad_id=pad_id, max_len=max_len)
-        batch["row_index"] = torch.tensor([r["row_index"] for r in rows], dtype=torch.long)
-        return batch
-
-    return fn
-
-
 # ---------------------------------------------------------------- the loop
 
 
@@ -165,7 +147,6 @@ def train(
     pad_id: int,
     feature_source: FeatureSource | None = None,
     collate_fn: Callable[[list[dict]], dict[str, torch.Tensor]] | None = None,
-    save_final: Callable[[nn.Module, Path], None] | None = None,
     run_config: dict | None = None,
     on_step_end: Callable[[int], None] | None = None,
 ) -> TrainResult:
@@ -368,8 +349,7 @@ def train(
     log(val_metrics, "validation")
     save_checkpoint()
     if main:
-        final = accelerator.unwrap_model(model).objective
-        (save_final or (lambda obj, folder: obj.save_pretrained(folder)))(final, out_dir)
+        accelerator.unwrap_model(model).objective.save_pretrained(out_dir)
         summary = {"step": state.step, "tokens_seen": state.tokens_seen, "world_size": world, **val_metrics}
         (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         accelerator.print("validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(val_metrics.items())))
