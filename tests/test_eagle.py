@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headway.data.features import OnlineFeatures
-from headway.heads.base import FeatureSpec
+from headway.features import FeatureSpec
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
 from headway.heads.eagle_attention import offset_causal_mask
 from headway.heads.vocab import DraftVocab

@@ -31,8 +31,8 @@ from headway.config import Config, load_config
 from headway.data.dataset import collate, load_distilled
 from headway.data.feature_cache import MANIFEST, FeatureCache, with_split_column, write_cache
 from headway.data.feature_stats import FeatureMoments, generated_mask
-from headway.data.features import BatchFeatures, OnlineFeatures, feature_key
-from headway.heads.base import FeatureSpec
+from headway.data.features import BatchFeatures, OnlineFeatures
+from headway.features import FeatureSpec, feature_key
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
 from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.heads.vocab import build_draft_vocab, coverage

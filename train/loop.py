@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from headway.config import TrainConfig
 from headway.data.dataset import collate
 from headway.distributed import wants_cpu
-from headway.heads.base import TargetFeatures
+from headway.features import TargetFeatures
 from headway.memory import keep_freed_cpu_memory
 from headway.train.checkpoint import (
     TrainerState,

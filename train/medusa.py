@@ -24,7 +24,7 @@ from headway.config import Config, load_config
 from headway.data.dataset import load_distilled, load_meta
 from headway.data.feature_cache import FeatureCache, with_split_column, write_cache
 from headway.data.features import BatchFeatures, OnlineFeatures
-from headway.heads.base import FeatureSpec
+from headway.features import FeatureSpec
 from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import Medusa2Objective, MedusaObjective, teacher_rows
 from headway.heads.vocab import build_draft_vocab, coverage
