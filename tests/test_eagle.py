@@ -250,29 +250,3 @@ def test_bf16_cast_keeps_rotary_fp32(target):
     d = _drafter(3, target).to(torch.bfloat16)
     assert d.fc.weight.dtype == torch.bfloat16 and d.rotary_emb.inv_freq.dtype == torch.float32
     assert d.d2t.dtype == torch.int64 and d.t2d.dtype == torch.bool
-
-
-def test_eagle3_engine_weights_fold_the_feature_scale_exactly(target):
-    d = _drafter(3, target)
-    state = d.engine_state_dict()
-    assert "feature_scale" not in state and set(state) == set(d.state_dict()) - {"feature_scale"}
-    plain = Eagle3Drafter.from_target(
-        target, feature_layers=[1, 2, 3], vocab=_vocab(), feature_norm="none"
-    ).eval()
-    plain.load_state_dict(state, strict=True)  # what an engine loads: no scale anywhere
-    ids, attn = _batch([10, 7])
-    with torch.no_grad():
-        a = [d.logits(u.hidden) for u in d.unroll(ids, _features(d, target, ids, attn), attn, 2, pad_id=2)]
-        b = [
-            plain.logits(u.hidden)
-            for u in plain.unroll(ids, _features(plain, target, ids, attn), attn, 2, pad_id=2)
-        ]
-    for x, y in zip(a, b, strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
-
-
-def test_eagle1_engine_export_only_for_the_engines_graph(target):
-    with pytest.raises(ValueError, match=r"feature_source='pre_norm'.*post_norm.*feature_norm=none"):
-        _drafter(1, target).engine_state_dict()
-    d = Eagle1Drafter.from_target(target, feature_source="post_norm")
-    assert set(d.engine_state_dict()) == set(d.state_dict())
