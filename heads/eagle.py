@@ -97,17 +97,19 @@ def default_feature_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def drafting_feature_spec(
+def eagle_feature_spec(
     version: int,
     num_target_layers: int,
     feature_layers: list[int] | None = None,
     feature_source: str = "pre_norm",
+    training: bool = False,
 ) -> FeatureSpec:
-    """The target features a drafter reads while drafting (training adds what its loss needs:
-    eagle_objective.training_feature_spec)."""
+    """The target features an EAGLE drafter reads, from its settings (no drafter needed: caching uses it).
+    training=True adds what the loss needs: EAGLE-3 learns from the target's distributions, i.e. its
+    final normed state; EAGLE-1 learns from the feature it reads."""
     if version == 3:
         layers = feature_layers or default_feature_layers(num_target_layers)
-        return FeatureSpec(layers=tuple(hidden_state_to_layer(i) for i in layers))
+        return FeatureSpec(layers=tuple(hidden_state_to_layer(i) for i in layers), final_normed=training)
     if feature_source == "post_norm":
         return FeatureSpec(final_normed=True)
     return FeatureSpec(layers=(num_target_layers - 1,))  # the last layer's output, pre-norm
@@ -240,7 +242,7 @@ class EagleDrafter(nn.Module):
     def feature_spec(self) -> FeatureSpec:
         """The target features drafting needs."""
         c = self.config
-        return drafting_feature_spec(c.version, c.num_target_layers, c.feature_layers, c.feature_source)
+        return eagle_feature_spec(c.version, c.num_target_layers, c.feature_layers, c.feature_source)
 
     def raw_target_features(self, feats: TargetFeatures) -> torch.Tensor:
         """The target features the drafter reads, unscaled, concatenated: [B, T, feature_width]."""

@@ -21,7 +21,7 @@ self-distilled data that is the token greedy verification accepts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +29,7 @@ from torch import nn
 
 from headway.features import FeatureSpec, TargetFeatures
 from headway.heads.base import LossOutput, next_token_probs, shift_left
-from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter, drafting_feature_spec
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter, eagle_feature_spec
 
 
 @dataclass
@@ -96,7 +96,9 @@ class EagleObjective(nn.Module):
     def feature_spec(self) -> FeatureSpec:
         """What training reads from the target: what drafting reads, plus what the loss needs."""
         c = self.drafter.config
-        return training_feature_spec(c.version, c.num_target_layers, c.feature_layers, c.feature_source)
+        return eagle_feature_spec(
+            c.version, c.num_target_layers, c.feature_layers, c.feature_source, training=True
+        )
 
     def save_pretrained(self, folder) -> None:
         """The loop's final export: the drafter folder (config.json + model.safetensors)."""
@@ -220,19 +222,6 @@ class Eagle3Objective(EagleObjective):
             self._step_metrics(metrics, i, logits, labels, ce)
             metrics[f"in_vocab_step{i + 1}"] = in_vocab.float().sum().detach() / max(1, in_vocab.numel())
         return LossOutput(loss=loss, metrics=metrics)
-
-
-def training_feature_spec(
-    version: int,
-    num_target_layers: int,
-    feature_layers: list[int] | None = None,
-    feature_source: str = "pre_norm",
-) -> FeatureSpec:
-    """What training needs from the target (to extract online or to cache), without building a drafter:
-    the drafting features; EAGLE-3 adds the final normed state (the target's distributions, its labels).
-    EAGLE-1 learns from the feature it reads."""
-    spec = drafting_feature_spec(version, num_target_layers, feature_layers, feature_source)
-    return replace(spec, final_normed=True) if version == 3 else spec
 
 
 def build_objective(drafter: EagleDrafter, loss: EagleLossConfig, pad_id: int = 0) -> EagleObjective:

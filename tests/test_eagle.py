@@ -9,8 +9,9 @@ import torch
 
 from headway.data.features import OnlineFeatures
 from headway.features import FeatureSpec
-from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, eagle_feature_spec, load_drafter
 from headway.heads.eagle_attention import offset_causal_mask
+from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.heads.vocab import DraftVocab
 from headway.target import tiny_llama
 
@@ -243,6 +244,15 @@ def test_feature_spec_layers(target):
     # EAGLE-3 reads the *inputs* of layers 1, 2, 3 = outputs of decoder layers 0, 1, 2
     assert Eagle3Drafter.from_target(target, feature_layers=[1, 2, 3]).feature_spec() == FeatureSpec(
         layers=(0, 1, 2)
+    )
+    # training (objective and cache, from the settings alone): EAGLE-3 adds the target's final normed state
+    three = FeatureSpec(layers=(0, 1, 2), final_normed=True)
+    assert eagle_feature_spec(3, L, [1, 2, 3], training=True) == three
+    assert build_objective(Eagle3Drafter.from_target(target, feature_layers=[1, 2, 3]), EagleLossConfig()).feature_spec() == three
+    assert eagle_feature_spec(3, L) == FeatureSpec(layers=(1, 1, 0))  # default [2, L // 2, L - 3] with L = 4
+    assert eagle_feature_spec(1, L, training=True) == FeatureSpec(layers=(L - 1,))
+    assert build_objective(Eagle1Drafter.from_target(target), EagleLossConfig()).feature_spec() == FeatureSpec(
+        layers=(L - 1,)
     )
 
 

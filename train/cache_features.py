@@ -21,7 +21,7 @@ from headway.config import ConfigError, load_config
 from headway.data.dataset import load_distilled
 from headway.data.feature_cache import StaleCacheError, write_cache
 from headway.distributed import wants_cpu
-from headway.heads.eagle_objective import training_feature_spec
+from headway.heads.eagle import eagle_feature_spec
 from headway.memory import keep_freed_cpu_memory
 from headway.target import load_target, target_fingerprint
 
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             keep_freed_cpu_memory()  # reuse freed activations between forwards (see headway/memory.py)
         target, tok = load_target(cfg.target)
         e = cfg.eagle
-        spec = training_feature_spec(
-            e.version, target.config.num_hidden_layers, e.feature_layers, e.feature_source
+        spec = eagle_feature_spec(
+            e.version, target.config.num_hidden_layers, e.feature_layers, e.feature_source, training=True
         )
         ds = load_distilled(cfg.train.dataset_dir or cfg.data.output_dir)
         report = write_cache(
