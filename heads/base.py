@@ -8,11 +8,12 @@ the head turns a batch plus those features into a loss and per-position metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from headway.features import FeatureSpec, TargetFeatures
+if TYPE_CHECKING:  # annotations only: FeatureSpec and TargetFeatures are imported from headway.features
+    from headway.features import FeatureSpec, TargetFeatures
 
 
 @dataclass
