@@ -9,9 +9,10 @@
 Layout:
     manifest.json                     target fingerprint, feature spec, dtype, max_len, dataset fingerprints,
                                       and per split the finished shards (rows, tokens, bytes)
-    {split}/shard-00000.safetensors   per feature "layer.{i}" / "final_normed": [tokens of the shard's rows, h]
-                                      (rows in order, each cut at max_len), "offsets" [rows + 1] int64, and
-                                      (train) the shard's feature moments on generated tokens
+    {split}/shard-00000.safetensors   per feature, under its `feature_key` name ("features.layer.{i}",
+                                      "features.final_normed"): [tokens of the shard's rows, h] (rows in
+                                      order, each cut at max_len); "offsets" [rows + 1] int64; and (train)
+                                      the shard's feature moments on generated tokens ("stats.*")
 
 A shard is written to a temporary file, renamed, then recorded in the manifest: a killed run resumes at
 the first unrecorded shard and ends with the same files. Rows are batched by length inside a shard so
@@ -32,10 +33,12 @@ import torch
 
 from headway.data.dataset import collate
 from headway.data.feature_stats import FeatureMoments, generated_mask
-from headway.data.features import OnlineFeatures, feature_key
-from headway.heads.base import FeatureSpec, TargetFeatures
+from headway.data.features import OnlineFeatures
+from headway.features import FeatureSpec, feature_keys
 
 FORMAT = "headway-feature-cache"
+# 2: tensors named by headway.features.feature_key (version 1 used "layer.{i}"); older caches are refused.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 SPLIT_COLUMN = "feature_split"  # added to each split's rows so one collate serves train and validation
 STATS_PREFIX = "stats."
@@ -46,7 +49,9 @@ class StaleCacheError(ValueError):
 
 
 def _names(spec: FeatureSpec) -> list[str]:
-    return [f"layer.{i}" for i in sorted(set(spec.layers))] + (["final_normed"] if spec.final_normed else [])
+    """The tensor names of `spec`'s features in a shard (a spec asking for logits is refused)."""
+    spec_to_json(spec)
+    return feature_keys(spec)
 
 
 def spec_to_json(spec: FeatureSpec) -> dict:
@@ -122,7 +127,7 @@ def write_cache(
     splits = tuple(s for s in splits if s in datasets and len(datasets[s]))
     header = {
         "format": FORMAT,
-        "version": 1,
+        "version": FORMAT_VERSION,
         "target": target_fingerprint,
         "spec": spec_to_json(spec),
         "dtype": dtype,
@@ -182,7 +187,7 @@ def write_cache(
                 report.forward_s += time.perf_counter() - t0
                 if split == "train":
                     moments.update(feats, generated_mask(batch))
-                flat = _flat(feats)
+                flat = feats.as_dict()
                 for j, i in enumerate(idx):
                     per_row[i] = {key: flat[key][j, : lengths[i]].to("cpu") for key in names}
                 report.tokens += int(batch["attention_mask"].sum())
@@ -215,13 +220,6 @@ def write_cache(
     return report
 
 
-def _flat(feats: TargetFeatures) -> dict[str, torch.Tensor]:
-    out = {f"layer.{i}": t for i, t in feats.layers.items()}
-    if feats.final_normed is not None:
-        out["final_normed"] = feats.final_normed
-    return out
-
-
 # ---------------------------------------------------------------- reading
 
 
@@ -236,6 +234,11 @@ class FeatureCache:
         self.manifest = json.loads(path.read_text())
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{path}: not a headway feature cache")
+        if self.manifest.get("version") != FORMAT_VERSION:
+            raise StaleCacheError(
+                f"{path}: feature cache format version {self.manifest.get('version')!r}, this headway reads "
+                f"version {FORMAT_VERSION}: rebuild it with `python scripts/cache_features.py --config ... --overwrite`"
+            )
         if not self.manifest.get("complete"):
             raise ValueError(
                 f"{path}: the cache is incomplete (a run was cut off): rerun `python scripts/cache_features.py --config <recipe>` to finish it"
@@ -358,9 +361,7 @@ class FeatureCache:
                     if name not in out:
                         out[name] = torch.zeros(B, T, t.shape[-1], dtype=t.dtype)
                     out[name][j, :n] = t[:n]
-            for name, t in out.items():
-                kind, _, layer = name.partition(".")
-                batch[feature_key(kind, int(layer)) if kind == "layer" else feature_key(kind)] = t
+            batch.update(out)
             return batch
 
         return fn

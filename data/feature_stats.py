@@ -3,7 +3,7 @@
     moments = FeatureMoments()
     moments.update(feats, mask)                # TargetFeatures + bool [B, T] (loss_mask & attention_mask)
     std = moments.std(feature_key("layer", 29))  # float32 [h]
-    moments.save("runs/x/feature_stats.safetensors"); FeatureMoments.load(...)
+    tensors = moments.to_tensors(); FeatureMoments.from_tensors(tensors)   # what a cache shard stores
 
 Sums are kept in float64 (count, sum, sum of squares per dimension), so shards of a dataset can be
 accumulated separately and merged exactly (the offline cache stores them per shard, so a resumed run's
@@ -12,12 +12,9 @@ statistics equal an uninterrupted one's).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from headway.data.features import feature_key
-from headway.heads.base import TargetFeatures
+from headway.features import TargetFeatures, feature_key
 
 
 class FeatureMoments:
@@ -93,21 +90,6 @@ class FeatureMoments:
             m.sum[k] = tensors[f"{prefix}sum.{k}"].to(torch.float64)
             m.sumsq[k] = tensors[f"{prefix}sumsq.{k}"].to(torch.float64)
         return m
-
-    def save(self, path: str | Path) -> None:
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        save_file(self.to_tensors(), str(tmp))
-        tmp.replace(path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> FeatureMoments:
-        from safetensors.torch import load_file
-
-        return cls.from_tensors(load_file(str(path)))
 
 
 def generated_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,32 +1,19 @@
 """The training-objective interface every head type implements; the loop never asks which head it holds.
 
-A head states what it needs from the target (`FeatureSpec`); the loop gets exactly that, from an
-online forward of the frozen target or from an offline feature cache, as `TargetFeatures`; the
-head turns a batch plus those features into a loss and per-position metrics.
+A head states what it needs from the target (`FeatureSpec`, headway/features.py); the loop gets exactly
+that, from an online forward of the frozen target or from an offline feature cache, as `TargetFeatures`;
+the head turns a batch plus those features into a loss and per-position metrics.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-
-@dataclass(frozen=True)
-class FeatureSpec:
-    # Outputs of these decoder layers (0-based), before any final norm: hidden_states[i + 1] in
-    # transformers' numbering, except the last layer, whose pre-norm output only a hook sees.
-    layers: tuple[int, ...] = ()
-    final_normed: bool = False  # the last hidden state after the final norm (what lm_head reads)
-    logits: bool = False  # the target's logits (soft labels for distillation losses)
-
-
-@dataclass
-class TargetFeatures:
-    layers: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, T, h]
-    final_normed: torch.Tensor | None = None  # [B, T, h]
-    logits: torch.Tensor | None = None  # [B, T, V]
+if TYPE_CHECKING:  # annotations only: FeatureSpec and TargetFeatures are imported from headway.features
+    from headway.features import FeatureSpec, TargetFeatures
 
 
 @dataclass

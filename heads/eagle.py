@@ -17,7 +17,7 @@ of position t+1 (fed back as the next step's input) and token t+2.
   feature; logits = target lm_head(target final norm(feature)) (no norm for post_norm). The target's
   embedding, final norm and lm_head are shared, frozen and never saved.
 - EAGLE-3: f_t = concat of the inputs of target layers (2, L/2, L-3 by default; transformers'
-  hidden_states[i]) -> fc(3h->h). The midlayer is the target's decoder-layer class with q/k/v widened to
+  hidden_states[i], see headway/features.py for the numbering) -> fc(3h->h). The midlayer is the target's decoder-layer class with q/k/v widened to
   2h: attention reads [input_layernorm(embedding) ; hidden_norm(feature)], the residual is the feature.
   Its output (pre-norm) is fed back; logits = own lm_head(own norm(output)) over the draft vocabulary
   (`d2t`, `t2d`, as in heads/vocab.py).
@@ -27,8 +27,8 @@ EAGLE-1 `fc.weight`, `layers.0.*` (no input_layernorm); EAGLE-3 `fc.weight`, `mi
 `lm_head.weight`, `d2t`, `t2d`. With `feature_norm: per_dim` the drafter also holds `feature_scale`
 (per-dimension std of the target features on the training data): the model works on f / scale, which
 keeps outlier dimensions (SmolLM2: std up to ~200 against a median of ~19) from dominating the
-regression. On the input side that scale folds into `fc` exactly at export; EAGLE-1's output side
-(scale before the shared lm_head) does not fold into vLLM's EAGLE-1 graph.
+regression. On the input side that scale folds into `fc` exactly at export (export/rules.py); EAGLE-1's
+output side (scale before the shared lm_head) does not fold into vLLM's EAGLE-1 graph.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headway.features import FeatureSpec, TargetFeatures, hidden_state_to_layer
 from headway.heads import eagle_attention
-from headway.heads.base import FeatureSpec, TargetFeatures, shift_left
+from headway.heads.base import shift_left
 from headway.heads.vocab import DraftVocab
 
 CONFIG_FILE = "config.json"
@@ -61,7 +62,7 @@ class EagleDrafterConfig:
     vocab_size: int  # the target's (lm_head rows)
     num_target_layers: int
     model_type: str
-    # EAGLE-3: fuse the inputs of these target decoder layers (= transformers' hidden_states[i]).
+    # EAGLE-3: fuse the inputs of these target decoder layers (transformers' hidden_states[i]; headway.features).
     feature_layers: list[int] = field(default_factory=list)
     feature_source: str = "pre_norm"  # EAGLE-1: pre_norm | post_norm
     feature_norm: str = "none"  # none | per_dim
@@ -92,8 +93,26 @@ class EagleDrafterConfig:
 
 
 def default_feature_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's reference choice: a low, a middle and a high layer."""
+    """EAGLE-3's reference choice: a low, a middle and a high layer (hidden_states indices)."""
     return [2, num_layers // 2, num_layers - 3]
+
+
+def eagle_feature_spec(
+    version: int,
+    num_target_layers: int,
+    feature_layers: list[int] | None = None,
+    feature_source: str = "pre_norm",
+    training: bool = False,
+) -> FeatureSpec:
+    """The target features an EAGLE drafter reads, from its settings (no drafter needed: caching uses it).
+    training=True adds what the loss needs: EAGLE-3 learns from the target's distributions, i.e. its
+    final normed state; EAGLE-1 learns from the feature it reads."""
+    if version == 3:
+        layers = feature_layers or default_feature_layers(num_target_layers)
+        return FeatureSpec(layers=tuple(hidden_state_to_layer(i) for i in layers), final_normed=training)
+    if feature_source == "post_norm":
+        return FeatureSpec(final_normed=True)
+    return FeatureSpec(layers=(num_target_layers - 1,))  # the last layer's output, pre-norm
 
 
 # ---------------------------------------------------------------- the target's shared parts
@@ -222,7 +241,8 @@ class EagleDrafter(nn.Module):
 
     def feature_spec(self) -> FeatureSpec:
         """The target features drafting needs."""
-        raise NotImplementedError
+        c = self.config
+        return eagle_feature_spec(c.version, c.num_target_layers, c.feature_layers, c.feature_source)
 
     def raw_target_features(self, feats: TargetFeatures) -> torch.Tensor:
         """The target features the drafter reads, unscaled, concatenated: [B, T, feature_width]."""
@@ -367,10 +387,6 @@ class EagleDrafter(nn.Module):
     def _engine_keys(self) -> dict:
         return {}
 
-    def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights under the serving engines' names, with headway-only tensors folded away (for export)."""
-        raise NotImplementedError
-
     def save_pretrained(self, folder: str | Path) -> Path:
         from safetensors.torch import save_file
 
@@ -424,17 +440,12 @@ class Eagle1Drafter(EagleDrafter):
         )
         return cls(config, TargetParts.of(target)).to(target.get_input_embeddings().weight.device)
 
-    def feature_spec(self) -> FeatureSpec:
-        if self.config.feature_source == "post_norm":
-            return FeatureSpec(final_normed=True)
-        return FeatureSpec(layers=(self.config.num_target_layers - 1,))
-
     def raw_target_features(self, feats: TargetFeatures) -> torch.Tensor:
         if self.config.feature_source == "post_norm":
             if feats.final_normed is None:
                 raise ValueError("EAGLE-1 (post_norm) needs the target's final normed hidden state")
             return feats.final_normed
-        last = self.config.num_target_layers - 1
+        (last,) = self.feature_spec().layers
         if last not in feats.layers:
             raise ValueError(
                 f"EAGLE-1 needs the output of the target's last layer {last}; got layers {sorted(feats.layers)}"
@@ -469,18 +480,6 @@ class Eagle1Drafter(EagleDrafter):
 
     def _engine_keys(self) -> dict:
         return {"architectures": ["EagleLlamaForCausalLM"], "model_type": self.layer_config.model_type}
-
-    def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """vLLM's EAGLE-1 feeds the target's post-norm state and applies lm_head straight to the drafter's
-        output: only a post_norm drafter without feature scaling is that graph."""
-        if self.config.feature_source != "post_norm" or self.feature_scale is not None:
-            raise ValueError(
-                f"an EAGLE-1 drafter with feature_source={self.config.feature_source!r}, feature_norm="
-                f"{self.config.feature_norm!r} is not the serving engines' EAGLE-1 graph (post-norm target "
-                "state in, lm_head straight on the output): train with eagle.feature_source=post_norm, "
-                "eagle.feature_norm=none to export it"
-            )
-        return {k: v.detach().clone() for k, v in self.state_dict().items()}
 
 
 class Eagle3Drafter(EagleDrafter):
@@ -565,11 +564,8 @@ class Eagle3Drafter(EagleDrafter):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
-    def feature_spec(self) -> FeatureSpec:
-        return FeatureSpec(layers=tuple(i - 1 for i in self.config.feature_layers))
-
     def raw_target_features(self, feats: TargetFeatures) -> torch.Tensor:
-        want = [i - 1 for i in self.config.feature_layers]
+        want = list(self.feature_spec().layers)
         missing = [i for i in want if i not in feats.layers]
         if missing:
             raise ValueError(
@@ -607,17 +603,8 @@ class Eagle3Drafter(EagleDrafter):
             keys["target_hidden_size"] = self._parts.config.hidden_size
         return keys
 
-    def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """`feature_scale` folded into `fc` (fc(x / s) = (W / s) x: exact, no bias), then dropped."""
-        state = {k: v.detach().clone() for k, v in self.state_dict().items() if k != "feature_scale"}
-        if self.feature_scale is not None:
-            state["fc.weight"] = (self.fc.weight.detach().float() / self.feature_scale.float()).to(
-                self.fc.weight.dtype
-            )
-        return state
 
-
-# ---------------------------------------------------------------- shifting and loading
+# ---------------------------------------------------------------- loading
 
 
 def load_drafter(

@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headway.heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs, shift_left
-from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
+from headway.features import FeatureSpec, TargetFeatures
+from headway.heads.base import LossOutput, next_token_probs, shift_left
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter, eagle_feature_spec
 
 
 @dataclass
@@ -92,6 +93,13 @@ class EagleObjective(nn.Module):
         self.loss_cfg = loss
         self.pad_id = pad_id
 
+    def feature_spec(self) -> FeatureSpec:
+        """What training reads from the target: what drafting reads, plus what the loss needs."""
+        c = self.drafter.config
+        return eagle_feature_spec(
+            c.version, c.num_target_layers, c.feature_layers, c.feature_source, training=True
+        )
+
     def save_pretrained(self, folder) -> None:
         """The loop's final export: the drafter folder (config.json + model.safetensors)."""
         self.drafter.save_pretrained(folder)
@@ -119,9 +127,6 @@ class EagleObjective(nn.Module):
 
 class Eagle1Objective(EagleObjective):
     drafter: Eagle1Drafter
-
-    def feature_spec(self) -> FeatureSpec:
-        return self.drafter.feature_spec()  # the targets come from the same feature
 
     def training_loss(self, batch: dict[str, torch.Tensor], feats: TargetFeatures) -> LossOutput:
         d, cfg = self.drafter, self.loss_cfg
@@ -157,10 +162,6 @@ class Eagle1Objective(EagleObjective):
 
 class Eagle3Objective(EagleObjective):
     drafter: Eagle3Drafter
-
-    def feature_spec(self) -> FeatureSpec:
-        spec = self.drafter.feature_spec()
-        return FeatureSpec(layers=spec.layers, final_normed=True)  # final_normed: the target's distributions
 
     def draft_vocab_target_logits(self, final_normed: torch.Tensor) -> torch.Tensor:
         """The target's logits restricted to the draft vocabulary, from its final normed hidden state."""
@@ -221,23 +222,6 @@ class Eagle3Objective(EagleObjective):
             self._step_metrics(metrics, i, logits, labels, ce)
             metrics[f"in_vocab_step{i + 1}"] = in_vocab.float().sum().detach() / max(1, in_vocab.numel())
         return LossOutput(loss=loss, metrics=metrics)
-
-
-def training_feature_spec(
-    version: int,
-    num_target_layers: int,
-    feature_layers: list[int] | None = None,
-    feature_source: str = "pre_norm",
-) -> FeatureSpec:
-    """What training needs from the target (to extract online or to cache), without building a drafter."""
-    from headway.heads.eagle import default_feature_layers
-
-    if version == 3:
-        layers = feature_layers or default_feature_layers(num_target_layers)
-        return FeatureSpec(layers=tuple(i - 1 for i in layers), final_normed=True)
-    if feature_source == "post_norm":
-        return FeatureSpec(final_normed=True)
-    return FeatureSpec(layers=(num_target_layers - 1,))
 
 
 def build_objective(drafter: EagleDrafter, loss: EagleLossConfig, pad_id: int = 0) -> EagleObjective:

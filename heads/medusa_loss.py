@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headway.heads.base import FeatureSpec, LossOutput, TargetFeatures, next_token_probs, shift_left
+from headway.features import FeatureSpec, TargetFeatures
+from headway.heads.base import LossOutput, next_token_probs, shift_left
 from headway.heads.medusa import MedusaHeads
 
 

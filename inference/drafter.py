@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from headway.heads.base import FeatureSpec, TargetFeatures
+from headway.features import FeatureSpec, TargetFeatures
 from headway.inference.sampling import SamplingParams
 from headway.inference.trees import Tree, TreeSpec
 

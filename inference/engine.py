@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from headway.heads.base import FeatureSpec, TargetFeatures
+from headway.features import FeatureSpec, LayerCapture, TargetFeatures
 from headway.inference.acceptance import (
     Verdict,
     accept_greedy,
@@ -44,29 +44,6 @@ class GenerateOutput:
     verify_forwards: list[int]  # per prompt: target forwards after prefill
     tree_depth: int  # deepest draft node the trees could hold
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, summed over steps
-
-
-class _Tap:
-    """Captures decoder-layer outputs (pre-norm) during one forward, for the drafter's FeatureSpec."""
-
-    def __init__(self, layers, wanted: tuple[int, ...]):
-        self.layers, self.wanted, self.out, self.handles = layers, wanted, {}, []
-
-    def __enter__(self):
-        for i in self.wanted:
-            self.handles.append(self.layers[i].register_forward_hook(self._hook(i)))
-        return self
-
-    def _hook(self, i):
-        def fn(_module, _inp, output):
-            self.out[i] = output[0] if isinstance(output, tuple) else output
-
-        return fn
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
 
 class SpecEngine:
@@ -103,11 +80,11 @@ class SpecEngine:
     # ------------------------------------------------------------ target forwards
 
     def _forward(self, ids, mask, pos, cache) -> tuple[torch.Tensor, TargetFeatures]:
-        with _Tap(self.decoder.layers, self.fspec.layers) as tap:
+        with LayerCapture(self.decoder, self.fspec.layers) as layers:
             hidden = self.decoder(
                 input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True
             ).last_hidden_state
-        return hidden, TargetFeatures(layers=dict(tap.out))
+        return hidden, TargetFeatures(layers=layers)
 
     def _feats_at(self, feats: TargetFeatures, hidden, logits, idx) -> TargetFeatures:
         """The drafter's features at token columns idx [B, A]."""

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from headway.config import Config, from_dict, load_config
 from headway.data.dataset import default_collate, load_distilled, select_rows
 from headway.data.features import OnlineFeatures
-from headway.heads.base import FeatureSpec
+from headway.features import FeatureSpec
 from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import topk_hits
 from headway.target import load_target

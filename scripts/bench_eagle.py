@@ -30,7 +30,8 @@ from headway.config import load_config
 from headway.data.dataset import collate, load_distilled, select_rows
 from headway.data.feature_cache import FeatureCache, with_split_column, write_cache
 from headway.data.features import BatchFeatures, OnlineFeatures
-from headway.heads.eagle_objective import EagleLossConfig, build_objective, training_feature_spec
+from headway.heads.eagle import eagle_feature_spec
+from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.heads.vocab import build_draft_vocab, coverage
 from headway.target import load_target, target_fingerprint
 from headway.train.eagle import build_drafter
@@ -105,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ds = load_distilled(tc.dataset_dir or cfg.data.output_dir)
     rows = ds["train"].select(range(min(args.rows, len(ds["train"]))))
     n = len(rows)
-    spec = training_feature_spec(
-        e.version, target.config.num_hidden_layers, e.feature_layers, e.feature_source
+    spec = eagle_feature_spec(
+        e.version, target.config.num_hidden_layers, e.feature_layers, e.feature_source, training=True
     )
     print(
         f"EAGLE-{e.version} on {cfg.target.name} ({device}, target {next(target.parameters()).dtype}); "

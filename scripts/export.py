@@ -8,7 +8,7 @@
     python scripts/export.py --from vllm --checkpoint exports/x-eagle3-vllm --to hf --out runs/x-back [--target NAME]
 
 --to vllm|sglang writes config.json + model.safetensors in the engine's names and checks the folder
-against heads/engine_keys.py's table for (engine, method): a missing, unexpected or misshapen key is an
+against export/engine_keys.py's table for (engine, method): a missing, unexpected or misshapen key is an
 error naming it, and a method the engine lacks (Medusa on SGLang) or a drafter it cannot reproduce is
 refused. --to hf writes headway's own folder with a model card (README.md) for `push_to_hub`.
 --from vllm|sglang reads an engine folder back (EAGLE: --target when the folder does not name its
@@ -24,8 +24,12 @@ from pathlib import Path
 
 import torch
 
-from headway.heads.engine_keys import ExportError, check_folder, method_of_config, read_config, table_for
-from headway.heads.export import TARGETS, export, read_checkpoint, serve_command, to_headway
+from headway.export.check import check_folder, read_config
+from headway.export.checkpoint import read_checkpoint
+from headway.export.engine_keys import ExportError, method_of_config, table_for
+from headway.export.folders import TARGETS, export
+from headway.export.rules import to_headway
+from headway.export.serve import serve_command
 
 DTYPES = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

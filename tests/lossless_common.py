@@ -104,7 +104,7 @@ class ScriptedDrafter:
         self.offset = 0
 
     def feature_spec(self):
-        from headway.heads.base import FeatureSpec
+        from headway.features import FeatureSpec
 
         return FeatureSpec()
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from headway.data.features import OnlineFeatures
-from headway.heads.base import FeatureSpec
-from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
+from headway.features import FeatureSpec
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, eagle_feature_spec, load_drafter
 from headway.heads.eagle_attention import offset_causal_mask
+from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.heads.vocab import DraftVocab
 from headway.target import tiny_llama
 
@@ -244,35 +245,18 @@ def test_feature_spec_layers(target):
     assert Eagle3Drafter.from_target(target, feature_layers=[1, 2, 3]).feature_spec() == FeatureSpec(
         layers=(0, 1, 2)
     )
+    # training (objective and cache, from the settings alone): EAGLE-3 adds the target's final normed state
+    three = FeatureSpec(layers=(0, 1, 2), final_normed=True)
+    assert eagle_feature_spec(3, L, [1, 2, 3], training=True) == three
+    assert build_objective(Eagle3Drafter.from_target(target, feature_layers=[1, 2, 3]), EagleLossConfig()).feature_spec() == three
+    assert eagle_feature_spec(3, L) == FeatureSpec(layers=(1, 1, 0))  # default [2, L // 2, L - 3] with L = 4
+    assert eagle_feature_spec(1, L, training=True) == FeatureSpec(layers=(L - 1,))
+    assert build_objective(Eagle1Drafter.from_target(target), EagleLossConfig()).feature_spec() == FeatureSpec(
+        layers=(L - 1,)
+    )
 
 
 def test_bf16_cast_keeps_rotary_fp32(target):
     d = _drafter(3, target).to(torch.bfloat16)
     assert d.fc.weight.dtype == torch.bfloat16 and d.rotary_emb.inv_freq.dtype == torch.float32
     assert d.d2t.dtype == torch.int64 and d.t2d.dtype == torch.bool
-
-
-def test_eagle3_engine_weights_fold_the_feature_scale_exactly(target):
-    d = _drafter(3, target)
-    state = d.engine_state_dict()
-    assert "feature_scale" not in state and set(state) == set(d.state_dict()) - {"feature_scale"}
-    plain = Eagle3Drafter.from_target(
-        target, feature_layers=[1, 2, 3], vocab=_vocab(), feature_norm="none"
-    ).eval()
-    plain.load_state_dict(state, strict=True)  # what an engine loads: no scale anywhere
-    ids, attn = _batch([10, 7])
-    with torch.no_grad():
-        a = [d.logits(u.hidden) for u in d.unroll(ids, _features(d, target, ids, attn), attn, 2, pad_id=2)]
-        b = [
-            plain.logits(u.hidden)
-            for u in plain.unroll(ids, _features(plain, target, ids, attn), attn, 2, pad_id=2)
-        ]
-    for x, y in zip(a, b, strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
-
-
-def test_eagle1_engine_export_only_for_the_engines_graph(target):
-    with pytest.raises(ValueError, match=r"feature_source='pre_norm'.*post_norm.*feature_norm=none"):
-        _drafter(1, target).engine_state_dict()
-    d = Eagle1Drafter.from_target(target, feature_source="post_norm")
-    assert set(d.engine_state_dict()) == set(d.state_dict())

@@ -13,9 +13,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headway.data.features import OnlineFeatures
+from headway.export.check import check_folder, weight_header
+from headway.export.checkpoint import read_checkpoint
+from headway.export.engine_keys import TABLES, ExportError
+from headway.export.folders import export, load_exported
+from headway.export.rules import engine_weights, to_headway
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
-from headway.heads.engine_keys import TABLES, ExportError, check_folder, weight_header
-from headway.heads.export import export, load_exported, read_checkpoint
 from headway.heads.medusa import MedusaHeads
 from headway.heads.vocab import DraftVocab
 from headway.target import tiny_llama
@@ -260,13 +263,40 @@ def test_round_trip_gives_identical_draft_logits(tmp_path, target, engine, metho
         assert back.config.feature_layers == [1, 2, 3] and back.feature_scale is None
 
 
+def test_eagle3_engine_weights_fold_the_feature_scale_exactly(tmp_path, target):
+    """The export rule itself: `feature_scale` folded into fc and dropped, loadable with no scale anywhere."""
+    d = _heads(target, "eagle3", scaled=True)
+    ckpt = read_checkpoint(d.save_pretrained(tmp_path / "d"))
+    ids = _ids()
+    for engine in ("vllm", "sglang"):
+        state = engine_weights(ckpt, engine)
+        assert "feature_scale" not in state and set(state) == set(d.state_dict()) - {"feature_scale"}
+        plain = Eagle3Drafter.from_target(
+            target, feature_layers=[1, 2, 3], vocab=VOCAB, feature_norm="none"
+        ).eval()
+        plain.load_state_dict(state, strict=True)  # what an engine loads: no scale anywhere
+        for x, y in zip(_logits(d, target, ids), _logits(plain, target, ids), strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+
+
+def test_eagle1_engine_weights_only_for_the_engines_graph(tmp_path, target):
+    torch.manual_seed(1)
+    pre = Eagle1Drafter.from_target(target, feature_norm="per_dim").save_pretrained(tmp_path / "pre")
+    with pytest.raises(ExportError, match=r"feature_source='pre_norm'.*post_norm.*feature_norm=none"):
+        engine_weights(read_checkpoint(pre), "vllm")
+    d = Eagle1Drafter.from_target(target, feature_source="post_norm")
+    ckpt = read_checkpoint(d.save_pretrained(tmp_path / "post"))
+    assert set(engine_weights(ckpt, "vllm")) == set(d.state_dict())
+    sglang = engine_weights(ckpt, "sglang")  # SGLang's fc has a bias: a zero one
+    assert set(sglang) == set(d.state_dict()) | {"fc.bias"} and not sglang["fc.bias"].any()
+    assert sglang["fc.bias"].shape == (H,)
+
+
 def test_round_trip_through_the_other_engine_and_hf(tmp_path, target):
     """vLLM folder -> (--from vllm) SGLang folder -> (--from sglang) hf folder -> headway's own loader."""
     heads = _heads(target, "eagle3", scaled=False)
     heads.save_pretrained(tmp_path / "ckpt")
     export(tmp_path / "ckpt", "vllm", tmp_path / "v")
-    from headway.heads.export import to_headway
-
     export(to_headway(tmp_path / "v", "vllm", target.config), "sglang", tmp_path / "s")
     export(to_headway(tmp_path / "s", "sglang", target.config), "hf", tmp_path / "h")
     back = load_drafter(tmp_path / "h", target)

@@ -2,7 +2,7 @@
 
 No vLLM or SGLang here (CPU, no CUDA), so the engines' forward passes are written out below from their
 model files (vLLM medusa.py, llama_eagle.py, llama_eagle3.py; SGLang llama_eagle.py, llama_eagle3.py; the
-commits are in heads/engine_keys.py), reading only the exported config.json and model.safetensors by the
+commits are in export/engine_keys.py), reading only the exported config.json and model.safetensors by the
 engines' names: fused add-norms, where the residual goes, which norm feeds the logits, the fc bias,
 d2t scattering, the aux-layer ids of each engine. The target supplies what the engines share from it
 (embedding, EAGLE-1's lm_head, rotary embedding, hidden states).
@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from headway.data.features import OnlineFeatures
+from headway.export.folders import export
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
-from headway.heads.export import export
 from headway.heads.medusa import MedusaHeads
 from headway.heads.vocab import DraftVocab
 from headway.target import tiny_llama

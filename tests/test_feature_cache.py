@@ -14,7 +14,7 @@ from headway.data.dataset import collate, select_rows
 from headway.data.feature_cache import FeatureCache, StaleCacheError, with_split_column, write_cache
 from headway.data.feature_stats import FeatureMoments, generated_mask
 from headway.data.features import BatchFeatures, OnlineFeatures
-from headway.heads.base import FeatureSpec
+from headway.features import FeatureSpec, feature_keys
 from headway.target import target_fingerprint, tiny_llama
 from headway.train.data_order import DataOrder
 
@@ -137,3 +137,18 @@ def test_stale_cache_refused_naming_both_values(tmp_path, target, data):
     # and writing into it with other settings is refused, not mixed
     with pytest.raises(StaleCacheError, match=r"max_len=40, this run wants max_len=32"):
         _write(tmp_path, target, data, max_len=32)
+
+
+def test_shards_name_features_by_feature_key_and_older_formats_are_refused(tmp_path, target, data):
+    from safetensors import safe_open
+
+    _write(tmp_path, target, data)
+    with safe_open(str(tmp_path / "validation" / "shard-00000.safetensors"), framework="pt") as f:
+        assert set(f.keys()) == set(feature_keys(SPEC)) | {"offsets"}
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["version"] = 1  # a cache of the "layer.{i}" naming
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StaleCacheError, match=r"format version 1, this headway reads version 2.*--overwrite"):
+        FeatureCache(tmp_path)
+    with pytest.raises(StaleCacheError, match=r"version=1, this run wants version=2"):
+        _write(tmp_path, target, data)

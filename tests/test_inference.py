@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headway.heads.base import FeatureSpec, TargetFeatures
+from headway.features import FeatureSpec, TargetFeatures
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
 from headway.heads.medusa import MedusaHeads
 from headway.inference.drafter import Accepted, DraftTree

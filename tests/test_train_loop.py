@@ -10,8 +10,9 @@ from safetensors.torch import load_file
 from train_helpers import reset_accelerate, synthetic_rows
 
 from headway.config import TrainConfig
-from headway.data.features import BatchFeatures, OnlineFeatures, feature_key
-from headway.heads.base import FeatureSpec, LossOutput
+from headway.data.features import BatchFeatures, OnlineFeatures
+from headway.features import FeatureSpec, feature_key
+from headway.heads.base import LossOutput
 from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import MedusaObjective
 from headway.target import tiny_llama

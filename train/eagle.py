@@ -29,10 +29,10 @@ from torch import nn
 from headway.config import Config
 from headway.data.dataset import collate, select_rows
 from headway.data.feature_stats import FeatureMoments, generated_mask
-from headway.data.features import OnlineFeatures, feature_key
-from headway.heads.base import FeatureSpec
-from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
-from headway.heads.eagle_objective import EagleLossConfig, build_objective, training_feature_spec
+from headway.data.features import OnlineFeatures
+from headway.features import FeatureSpec, feature_key
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter, eagle_feature_spec
+from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.target import target_fingerprint
 from headway.train.loop import TrainResult
 from headway.train.recipe import Batches, HeadRecipe, Run, draft_vocab, run_recipe
@@ -127,7 +127,9 @@ class Eagle(HeadRecipe):
 
     def feature_spec(self, cfg: Config, target: nn.Module) -> FeatureSpec:
         e = cfg.eagle
-        return training_feature_spec(e.version, target.config.num_hidden_layers, e.feature_layers, e.feature_source)
+        return eagle_feature_spec(
+            e.version, target.config.num_hidden_layers, e.feature_layers, e.feature_source, training=True
+        )
 
     def build_objective(self, run: Run) -> nn.Module:
         drafter = build_drafter(run.cfg, run.target, run.tok, run.ds["train"], log=run.accelerator.print)

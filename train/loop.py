@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from headway.config import TrainConfig
 from headway.data.dataset import default_collate, select_rows
 from headway.distributed import wants_cpu
-from headway.heads.base import TargetFeatures
+from headway.features import TargetFeatures
 from headway.memory import keep_freed_cpu_memory
 from headway.train.checkpoint import (
     TrainerState,
@@ -112,26 +112,8 @@ class ObjectiveModule(nn.Module):
         self.objective = objective
 
     def forward(self, batch: dict[str, torch.Tensor], features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self.objective.training_loss(batch, unflatten_features(features))
+        out = self.objective.training_loss(batch, TargetFeatures.from_dict(features)  # plain dicts travel through DDP on every backend)
         return {"loss": out.loss, **out.metrics}
-
-
-def flatten_features(f: TargetFeatures) -> dict[str, torch.Tensor]:
-    # Plain dicts of tensors travel through DDP's input handling on every backend.
-    d = {f"layer.{i}": t for i, t in f.layers.items()}
-    if f.final_normed is not None:
-        d["final_normed"] = f.final_normed
-    if f.logits is not None:
-        d["logits"] = f.logits
-    return d
-
-
-def unflatten_features(d: dict[str, torch.Tensor]) -> TargetFeatures:
-    return TargetFeatures(
-        layers={int(k.split(".", 1)[1]): v for k, v in d.items() if k.startswith("layer.")},
-        final_normed=d.get("final_normed"),
-        logits=d.get("logits"),
-    )
 
 
 # ---------------------------------------------------------------- the loop
@@ -257,7 +239,7 @@ def train(
             for idx in batches:
                 batch = to_device(collate_fn(select_rows(val_rows, idx)))
                 feats = feature_source(batch) if feature_source is not None else TargetFeatures()
-                for k, v in model(batch, flatten_features(feats)).items():
+                for k, v in model(batch, feats.as_dict()).items():
                     sums[k] = sums.get(k, 0.0) + v.detach().float()
         model.train()
         means = _reduce_mean(accelerator, {k: v / len(batches) for k, v in sums.items()})
@@ -290,7 +272,7 @@ def train(
             batch = to_device(collate_fn(select_rows(train_rows, idx)))
             feats = feature_source(batch) if feature_source is not None else TargetFeatures()
             with accelerator.accumulate(model):
-                outputs = model(batch, flatten_features(feats))
+                outputs = model(batch, feats.as_dict())
                 loss = outputs["loss"]
                 if not all_finite(loss):
                     bar.close()

@@ -21,7 +21,7 @@ import sys
 from torch import nn
 
 from headway.config import Config
-from headway.heads.base import FeatureSpec
+from headway.features import FeatureSpec
 from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import Medusa2Objective, MedusaObjective, teacher_rows
 from headway.target import target_fingerprint

@@ -29,7 +29,7 @@ from headway.config import Config, ConfigError, load_config
 from headway.data.dataset import check_data_target, default_collate, load_distilled
 from headway.data.feature_cache import MANIFEST, CacheReport, FeatureCache, with_split_column, write_cache
 from headway.data.features import BatchFeatures, FeatureSource, OnlineFeatures
-from headway.heads.base import FeatureSpec
+from headway.features import FeatureSpec
 from headway.heads.vocab import DraftVocab, build_draft_vocab, coverage
 from headway.target import load_target, target_fingerprint
 from headway.train.loop import NonFiniteLossError, TrainResult, make_accelerator, train

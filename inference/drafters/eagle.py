@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from headway.heads.base import FeatureSpec
+from headway.features import FeatureSpec
 from headway.heads.eagle import EagleDrafter
 from headway.inference.drafter import Accepted, DraftTree
 from headway.inference.drafters.model import crop_cache

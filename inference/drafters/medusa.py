@@ -9,7 +9,7 @@ from typing import Literal
 
 import torch
 
-from headway.heads.base import FeatureSpec
+from headway.features import FeatureSpec
 from headway.heads.medusa import MedusaHeads
 from headway.inference.drafter import Accepted, DraftTree
 from headway.inference.grow import grow_dynamic, grow_static

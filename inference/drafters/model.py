@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from headway.heads.base import FeatureSpec
+from headway.features import FeatureSpec
 from headway.inference.drafter import Accepted, DraftTree
 from headway.inference.grow import grow_dynamic, grow_static
 from headway.inference.sampling import SamplingParams

@@ -1,13 +1,13 @@
 """What each serving engine loads for each draft method: weights (name, shape, dtype) and config keys.
 
-    from headway.heads.engine_keys import TABLES, check_folder
-    dims = check_folder("exports/eagle3-vllm", "vllm", "eagle3")   # ExportError naming key and both shapes
+    from headway.export.engine_keys import TABLES, dims_from_config
+    dims = dims_from_config("eagle3", json.load(open("exports/eagle3-vllm/config.json")))
     for name, (shape, dtype) in TABLES[("vllm", "eagle3")].expected(dims).items(): print(name, shape, dtype)
 
 Both engines drop weight names they do not expect and leave a weight the file lacks as it was
 initialised, without an error, so a wrongly named export drafts garbage silently. These tables are the
-contract: export writes to them and checks the written folder against them; `--from` checks a folder
-against them before loading it back. One table per (engine, method); shapes are functions of the
+contract: export writes to them and checks the written folder against them (export/check.py); `--from`
+checks a folder against them before loading it back. One table per (engine, method); shapes are functions of the
 draft config's sizes (`Dims`), which come from the folder's own config.json.
 
 Checked against these loader sources (read, not copied; repo, path @ commit):
@@ -26,10 +26,8 @@ SGLang has no Medusa model, so there is no (sglang, medusa) table.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -37,7 +35,6 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 
 FLOAT, INT64, BOOL = "float", "int64", "bool"
-_DTYPES = {"F64": FLOAT, "F32": FLOAT, "F16": FLOAT, "BF16": FLOAT, "I64": INT64, "BOOL": BOOL}
 
 ENGINES = ("vllm", "sglang")
 METHODS = ("medusa", "eagle1", "eagle3")
@@ -306,7 +303,8 @@ def table_for(engine: str, method: str) -> EngineTable:
     return TABLES[(engine, method)]
 
 
-def _need(config: dict, key: str, where: str):
+def config_value(config: dict, key: str, where: str):
+    """config[key], or an ExportError naming the key."""
     if key not in config or config[key] is None:
         raise ExportError(f"{where}: config key {key!r} is missing")
     return config[key]
@@ -314,154 +312,24 @@ def _need(config: dict, key: str, where: str):
 
 def dims_from_config(method: str, config: dict, where: str = CONFIG_FILE) -> Dims:
     """The sizes a folder's config.json declares, read the way the engines read them."""
-    h, V = int(_need(config, "hidden_size", where)), int(_need(config, "vocab_size", where))
+    h, V = int(config_value(config, "hidden_size", where)), int(config_value(config, "vocab_size", where))
     if method == "medusa":
         return Dims(
             hidden=h,
             vocab=V,
             draft_vocab=int(config.get("truncated_vocab_size") or V),
-            num_heads=int(_need(config, "num_heads", where)),
-            num_layers=int(_need(config, "num_hidden_layers", where)),
+            num_heads=int(config_value(config, "num_heads", where)),
+            num_layers=int(config_value(config, "num_hidden_layers", where)),
             fc_bias=bool(config.get("medusa_fc_bias", False)),  # vLLM's default: no bias
         )
-    heads = int(_need(config, "num_attention_heads", where))
+    heads = int(config_value(config, "num_attention_heads", where))
     return Dims(
         hidden=h,
         vocab=V,
-        draft_vocab=int(_need(config, "draft_vocab_size", where)) if method == "eagle3" else 0,
-        intermediate=int(_need(config, "intermediate_size", where)),
+        draft_vocab=int(config_value(config, "draft_vocab_size", where)) if method == "eagle3" else 0,
+        intermediate=int(config_value(config, "intermediate_size", where)),
         heads=heads,
         kv_heads=int(config.get("num_key_value_heads") or heads),
         head_dim=int(config.get("head_dim") or h // heads),
         target_hidden=int(config.get("target_hidden_size") or h) if method == "eagle3" else 0,
     )
-
-
-def weight_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name -> (shape, dtype class) from a safetensors header, without reading the tensors."""
-    from safetensors import safe_open
-
-    out = {}
-    with safe_open(str(path), framework="pt") as f:
-        for name in f.keys():
-            s = f.get_slice(name)
-            raw = s.get_dtype()
-            out[name] = (tuple(int(x) for x in s.get_shape()), _DTYPES.get(raw, raw.lower()))
-    return out
-
-
-def check_config(table: EngineTable, config: dict, where: str) -> None:
-    arch = tuple(config.get("architectures") or ())
-    if arch != table.architectures:
-        raise ExportError(
-            f"{where}: architectures {list(arch)} is not what {table.engine} loads for {table.method} "
-            f"({list(table.architectures)})"
-        )
-    for key, want in table.config_values.items():
-        if key not in config:
-            raise ExportError(f"{where}: config key {key!r} is missing; {table.engine} needs {want!r}")
-        if config[key] != want:
-            raise ExportError(
-                f"{where}: config key {key!r} is {config[key]!r}, {table.engine} needs {want!r}"
-            )
-    for key in table.config_required:
-        _need(config, key, where)
-    for key in table.config_forbidden:
-        if config.get(key):
-            raise ExportError(
-                f"{where}: config key {key!r} is {config[key]!r}; the {table.engine} {table.method} table has no such weights"
-            )
-    if table.method == "medusa":
-        # vLLM's MedusaConfig renames every top-level key holding "num" and "heads"/"layers".
-        for key in config:
-            if (
-                "num" in key
-                and ("heads" in key or "layers" in key)
-                and key not in ("num_heads", "num_hidden_layers")
-            ):
-                raise ExportError(
-                    f"{where}: vLLM's MedusaConfig would rename config key {key!r} over num_heads/num_hidden_layers"
-                )
-    else:
-        rope = config.get("rope_parameters")
-        if isinstance(rope, dict) and "rope_theta" in rope and rope["rope_theta"] != config["rope_theta"]:
-            raise ExportError(
-                f"{where}: rope_theta {config['rope_theta']} disagrees with rope_parameters.rope_theta {rope['rope_theta']}"
-            )
-
-
-def check_weights(
-    table: EngineTable, dims: Dims, have: dict[str, tuple[tuple[int, ...], str]], where: str
-) -> None:
-    """Every expected key present with its shape and dtype, nothing else; all problems in one error."""
-    want = table.expected(dims)
-    problems = []
-    for name, (shape, dtype) in want.items():
-        if name not in have:
-            problems.append(f"missing key {name!r}: the table expects shape {list(shape)} {dtype}")
-            continue
-        got_shape, got_dtype = have[name]
-        formula = table.entry_of(name).shape
-        if got_shape != shape:
-            problems.append(
-                f"key {name!r}: the table expects shape {list(shape)} ({formula}), the file has {list(got_shape)}"
-            )
-        if got_dtype != dtype:
-            problems.append(f"key {name!r}: the table expects dtype {dtype}, the file has {got_dtype}")
-    for name in sorted(set(have) - set(want)):
-        problems.append(
-            f"unexpected key {name!r} of shape {list(have[name][0])}: {table.engine} would drop it without an error"
-        )
-    if problems:
-        raise ExportError(
-            f"{where} does not match the {table.engine} {table.method} key table:\n  " + "\n  ".join(problems)
-        )
-
-
-def read_config(folder: Path) -> dict:
-    path = folder / CONFIG_FILE
-    if not path.is_file():
-        raise ExportError(f"{folder} has no {CONFIG_FILE}")
-    return json.loads(path.read_text())
-
-
-def check_folder(
-    folder: str | Path, engine: str, method: str | None = None, expect: Dims | None = None
-) -> Dims:
-    """Check a folder against the (engine, method) table; returns the sizes its config declares.
-
-    `method` None: take it from the config's architectures. `expect`: sizes it must declare (export
-    passes the source checkpoint's, so a config and weights that agree with each other but not with
-    the trained heads are refused too).
-    """
-    folder = Path(folder)
-    config = read_config(folder)
-    found = method_of_config(config)
-    if found is None:
-        raise ExportError(
-            f"{folder / CONFIG_FILE}: architectures {config.get('architectures')} (model_type "
-            f"{config.get('model_type')!r}) is no Medusa, EAGLE-1 or EAGLE-3 draft config"
-        )
-    if method is not None and found != method:
-        raise ExportError(f"{folder / CONFIG_FILE} declares a {found} draft, not {method}")
-    table = table_for(engine, found)
-    where = str(folder / CONFIG_FILE)
-    check_config(table, config, where)
-    dims = dims_from_config(found, config, where)
-    if expect is not None:
-        for f in fields(Dims):
-            a, b = getattr(expect, f.name), getattr(dims, f.name)
-            if a != b:
-                raise ExportError(f"{where} declares {f.name}={b}, the checkpoint has {f.name}={a}")
-    stray = sorted(
-        p.name for p in folder.iterdir() if p.name != WEIGHTS_FILE and p.name.endswith(WEIGHT_SUFFIXES)
-    )
-    if stray:
-        raise ExportError(
-            f"{folder}: weight files besides {WEIGHTS_FILE} ({', '.join(stray)}) would be loaded too"
-        )
-    weights = folder / WEIGHTS_FILE
-    if not weights.is_file():
-        raise ExportError(f"{folder} has no {WEIGHTS_FILE}")
-    check_weights(table, dims, weight_header(weights), str(weights))
-    return dims

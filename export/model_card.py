@@ -173,7 +173,7 @@ def model_card(ckpt, report_path: Path | None) -> str:
     lines += [
         "```",
         "",
-        "For vLLM or SGLang, export this folder first (the checked key tables of heads/engine_keys.py):",
+        "For vLLM or SGLang, export this folder first (the checked key tables of export/engine_keys.py):",
         "",
         "```",
     ]

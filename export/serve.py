@@ -1,0 +1,23 @@
+"""How to serve an exported folder: the engine's command line.
+
+    print(serve_command("eagle3", "vllm", "exports/x-eagle3-vllm", "meta-llama/Llama-3.1-8B-Instruct"))
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def serve_command(method: str, engine: str, folder: str, target: str, num_heads: int = 5) -> str:
+    """The engine command line that serves `target` with the exported draft in `folder`."""
+    if engine == "vllm":
+        name = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3"}[method]
+        k = num_heads if method == "medusa" else 3
+        spec = json.dumps({"method": name, "model": folder, "num_speculative_tokens": k})
+        return f"vllm serve {target} --speculative-config '{spec}'"
+    algo = {"eagle1": "EAGLE", "eagle3": "EAGLE3"}[method]
+    return (
+        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {algo} "
+        f"--speculative-draft-model-path {folder} --speculative-num-steps 3 --speculative-eagle-topk 4 "
+        "--speculative-num-draft-tokens 16"
+    )
