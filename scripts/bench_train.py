@@ -31,7 +31,7 @@ from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import Medusa2Objective, MedusaObjective, teacher_rows
 from headway.heads.vocab import build_draft_vocab
 from headway.target import load_target
-from headway.train.loop import ObjectiveModule, flatten_features, make_accelerator
+from headway.train.loop import ObjectiveModule, make_accelerator
 from headway.train.optim import build_optimizer, default_param_groups
 
 VARIANTS = ("medusa1", "medusa1-cached", "medusa1-full", "medusa2")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def step(batch):
             feats = source(batch) if source is not None else None
-            out = model(batch, flatten_features(feats) if feats is not None else {})
+            out = model(batch, feats.as_dict() if feats is not None else {})
             accelerator.backward(out["loss"])
             accelerator.clip_grad_norm_(model.parameters(), tc.grad_clip)
             optimizer.step()

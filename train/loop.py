@@ -112,7 +112,8 @@ class ObjectiveModule(nn.Module):
         self.objective = objective
 
     def forward(self, batch: dict[str, torch.Tensor], features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self.objective.training_loss(batch, TargetFeatures.from_dict(features)  # plain dicts travel through DDP on every backend)
+        # Features travel as a plain dict under their feature_key names: DDP handles that on every backend.
+        out = self.objective.training_loss(batch, TargetFeatures.from_dict(features))
         return {"loss": out.loss, **out.metrics}
 
 
