@@ -22,8 +22,8 @@ from typing import Protocol
 import torch
 
 from headway.heads.base import FeatureSpec, TargetFeatures
-from headway.inference.sampling import SamplingParams
 from headway.inference.trees import Tree, TreeSpec
+from headway.sampling import SamplingParams
 
 
 @dataclass
