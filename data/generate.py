@@ -11,25 +11,15 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from headway.kv import select_rows
+from headway.sampling import SamplingParams, pick
+from headway.tokens import left_pad
+
 
 @dataclass
 class Answer:
     tokens: list[int]  # generated ids, the stopping EOS included when one was produced
     finished: bool  # False: stopped at max_new_tokens
-
-
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None) -> torch.Tensor:
-    """Greedy at temperature 0, else temperature + nucleus sampling. logits [B, V] -> ids [B]."""
-    if temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
 @torch.inference_mode()
@@ -45,16 +35,12 @@ def generate_batch(
 ) -> list[Answer]:
     device = model.device
     B = len(prompts)
-    L = max(len(p) for p in prompts)
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        input_ids[i, L - len(p) :] = torch.tensor(p)
-        attn[i, L - len(p) :] = 1
-    input_ids, attn = input_ids.to(device), attn.to(device)
+    input_ids, valid = left_pad(prompts, pad_id)
+    input_ids, attn = input_ids.to(device), valid.long().to(device)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p)  # greedy at temperature 0
     gen = None
-    if temperature > 0:
+    if not sampling.greedy:
         gen = torch.Generator(device=device)
         gen.manual_seed(seed or 0)
     eos = torch.tensor(sorted(eos_ids), device=device)
@@ -68,7 +54,7 @@ def generate_batch(
     out: list[list[int]] = [[] for _ in range(B)]
     finished = [False] * B
     for step in range(max_new_tokens):
-        tok = sample_next(logits, temperature, top_p, gen)
+        tok = pick(logits, sampling, gen)
         for r, t in zip(rows.tolist(), tok.tolist(), strict=True):
             out[r].append(t)
         done = torch.isin(tok, eos)
@@ -82,7 +68,7 @@ def generate_batch(
             keep = (~done).nonzero().squeeze(-1)
             if keep.numel() == 0:
                 break
-            cache.batch_select_indices(keep)
+            select_rows(cache, keep)
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
         attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
         logits = model(

@@ -1,4 +1,8 @@
-"""Small helpers for benchmark scripts: wall time and peak memory of one call, on CPU or CUDA."""
+"""Timing helpers: wall time (and peak memory) of one call, on CPU or CUDA.
+
+    with timed(device) as m: ...    # m.seconds, with the device's queued work finished at both ends
+    with measure(device) as m: ...  # m.seconds and m.peak_bytes (samples RSS on CPU: benchmarks only)
+"""
 
 from __future__ import annotations
 
@@ -22,17 +26,34 @@ class Measurement:
     peak_bytes: int = 0  # CUDA: peak allocated; CPU: peak resident set growth during the call
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously); a no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def timed(device: torch.device):
+    """`with timed(dev) as m: ...` fills m.seconds: the block's wall time, device work included."""
+    m = Measurement()
+    sync(device)
+    t0 = time.perf_counter()
+    yield m
+    sync(device)
+    m.seconds = time.perf_counter() - t0
+
+
 @contextmanager
 def measure(device: torch.device):
     """`with measure(dev) as m: ...` fills m.seconds and m.peak_bytes."""
     m = Measurement()
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
         t0 = time.perf_counter()
         yield m
-        torch.cuda.synchronize(device)
+        sync(device)
         m.seconds = time.perf_counter() - t0
         m.peak_bytes = torch.cuda.max_memory_allocated(device) - base
         return

@@ -7,13 +7,15 @@ Modules, one job each:
 - `drafter`: the Protocol every head implements (observe accepted tokens + the target's features,
   draft a tree of candidates with their q); `drafters/`: Medusa, EAGLE-1/3, any small LM, layer-skip.
 - `trees`: static trees as Medusa path lists, chains, the optimal tree for measured head accuracies.
+- `layout`: a tree's tensor tables (`TreeLayout` for verification, `DraftTables` for filling a
+  static tree), built once per static tree and device.
 - `grow`: filling a static tree by rank, or growing an EAGLE-2 dynamic tree, from a drafter's
   next-token function.
 - `acceptance`: greedy, lossless speculative sampling over a tree, Medusa's typical acceptance
   (NOT lossless).
 - `engine`: prefill -> draft -> one target forward over the tree (float 4-D mask, explicit
   positions, the model's own cache) -> accept -> keep only the accepted path's KV; batches with
-  ragged acceptance.
+  ragged acceptance. Cache surgery lives in `headway.kv`, sampling in `headway.sampling`.
 - `cost`: the target's measured verify-cost curve and the node budget it implies (`tree_budget: auto`).
 - `build`: recipe + checkpoint -> engine. `questions`, `report`: Spec-Bench domains and the report.
 """

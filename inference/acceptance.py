@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from headway.inference.sampling import SamplingParams, pick, sample, warp
+from headway.inference.layout import children_table
+from headway.sampling import SamplingParams, pick, sample, warp
 
 
 @dataclass
@@ -56,23 +57,6 @@ def accept_typical(
     best = _deepest(_path_accepted(ok, anc), depth.expand_as(ok))
     bonus = pick(logits.gather(1, best[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0], s, generator)
     return Verdict(best, bonus)
-
-
-def children_table(parents: torch.Tensor) -> torch.Tensor:
-    """parents [B, N] -> [B, Q, C]: the children of each node in index order, -1 padded."""
-    B, N = parents.shape
-    Q = N + 1
-    node = torch.arange(1, Q, device=parents.device).expand(B, N)
-    is_child = torch.zeros(B, Q, Q, dtype=torch.bool, device=parents.device)
-    is_child.scatter_(
-        2,
-        node[:, None, :].expand(B, Q, N),
-        parents[:, None, :].expand(B, Q, N) == torch.arange(Q, device=parents.device)[None, :, None],
-    )
-    C = max(1, int(is_child.sum(-1).max()))
-    key = torch.where(is_child, torch.arange(Q, device=parents.device), Q)
-    kids = key.sort(-1).values[..., :C]
-    return torch.where(kids < Q, kids, -1)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

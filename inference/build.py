@@ -16,7 +16,6 @@ from pathlib import Path
 from headway.config import Config
 from headway.inference.cost import choose_budget, measure_verify_cost
 from headway.inference.engine import SpecEngine
-from headway.inference.sampling import SamplingParams
 from headway.inference.trees import (
     DEFAULT_ACCURACIES,
     DRAFTER_DEFAULT_ACCURACIES,
@@ -26,6 +25,7 @@ from headway.inference.trees import (
     load_accuracies,
     load_paths,
 )
+from headway.sampling import SamplingParams
 from headway.target import stop_token_ids
 
 

@@ -9,19 +9,15 @@ On this CPU (SmolLM2-135M, bf16) a forward over 16 new tokens costs ~1.6x one to
 
 from __future__ import annotations
 
-import time
-
 import torch
 from transformers import DynamicCache
 
-from headway.inference.trees import additive_mask, build_tree, expected_tau
+from headway.bench import timed
+from headway.inference.layout import additive_mask
+from headway.inference.trees import build_tree, expected_tau
+from headway.kv import crop
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.inference_mode()
@@ -47,21 +43,18 @@ def measure_verify_cost(
     for r in range(reps + 1):  # round-robin over sizes, so drift hits all sizes alike; round 0 warms up
         for k in sizes:
             pos = torch.arange(context, context + k, device=device)[None]
-            _sync(device)
-            t = time.perf_counter()
-            out = dec(
-                input_ids=ids[:, context : context + k],
-                attention_mask=masks[k],
-                position_ids=pos,
-                cache=cache,
-                use_cache=True,
-            )
-            head(out.last_hidden_state)
-            _sync(device)
+            with timed(device) as m:
+                out = dec(
+                    input_ids=ids[:, context : context + k],
+                    attention_mask=masks[k],
+                    position_ids=pos,
+                    cache=cache,
+                    use_cache=True,
+                )
+                head(out.last_hidden_state)
             if r:
-                times[k].append(time.perf_counter() - t)
-            for layer in cache.layers:  # back to the context
-                layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
+                times[k].append(m.seconds)
+            crop(cache, context)  # back to the context
     median = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     # More tokens never cost less: a noisy spike at k is capped by any larger size's time.
     curve, best = {}, float("inf")

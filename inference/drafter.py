@@ -8,7 +8,7 @@ The engine never asks which head it holds. Per sequence of calls:
     drafter.observe(Accepted(...))          # root + accepted draft tokens, with their features
     drafter.select_rows(keep)               # finished rows leave the batch
 
-Features follow the drafter's `FeatureSpec` (heads/base.py): `feats.layers[i]`, `feats.final_normed`
+Features follow the drafter's `FeatureSpec` (headway/features.py): `feats.layers[i]`, `feats.final_normed`
 hold the target's states at exactly the observed tokens. Medusa reads the final-normed state of
 the last observed token; EAGLE pairs every observed feature with the token after it (the last one
 with `root`, which `draft` receives).
@@ -22,8 +22,8 @@ from typing import Protocol
 import torch
 
 from headway.features import FeatureSpec, TargetFeatures
-from headway.inference.sampling import SamplingParams
 from headway.inference.trees import Tree, TreeSpec
+from headway.sampling import SamplingParams
 
 
 @dataclass

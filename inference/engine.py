@@ -8,9 +8,9 @@
 The target is the unmodified transformers model, driven with an additive 4-D mask (cache slots
 the row may see + the tree's ancestor mask), explicit position ids (the row's next position +
 node depth) and its own DynamicCache. After each verification only the accepted path's KV stays:
-it is moved to the slots right after the old cache and the rest is cropped. Rows of a batch
-accept different lengths; a row's unused slots stay in the cache but are masked out for it
-(`self.kv_bias`), and positions are tracked per row, so holes cost memory, never correctness.
+it is moved to the slots right after the old cache and the rest is cropped (`headway.kv`). Rows
+of a batch accept different lengths; a row's unused slots stay in the cache but are masked out
+for it (`self.kv_bias`), and positions are tracked per row, so holes cost memory, never correctness.
 """
 
 from __future__ import annotations
@@ -29,12 +29,26 @@ from headway.inference.acceptance import (
     accept_greedy,
     accept_sampling,
     accept_typical,
-    children_table,
 )
 from headway.inference.drafter import Accepted, Drafter, DraftTree
-from headway.inference.sampling import SamplingParams, pick
-from headway.inference.trees import TreeSpec, additive_mask, ancestor_matrix, path_table
+from headway.inference.layout import TreeLayout, additive_mask
+from headway.inference.trees import TreeSpec
+from headway.kv import keep_path, select_rows
+from headway.sampling import SamplingParams, pick
 from headway.target import stop_token_ids
+from headway.tokens import left_pad
+
+
+@dataclass
+class Verification:
+    """One target forward over the root and a draft tree (Q = N + 1 positions, root first)."""
+
+    ids: torch.Tensor  # [B, Q] long: root, then the draft tokens
+    positions: torch.Tensor  # [B, Q] long: position ids the target used
+    hidden: torch.Tensor  # [B, Q, H] the target's final-normed hidden states
+    feats: TargetFeatures  # at every position, per the drafter's FeatureSpec
+    layout: TreeLayout  # the tree's shape tables
+    logits: torch.Tensor | None = None  # [B, Q, V]; None until the lm_head runs over every node
 
 
 @dataclass
@@ -117,13 +131,9 @@ class SpecEngine:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.drafter.reset()
-        B, T = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
-        valid = torch.zeros(B, T, dtype=torch.bool)
-        for i, p in enumerate(prompts):
-            ids[i, T - len(p) :] = torch.tensor(p)
-            valid[i, T - len(p) :] = True
+        ids, valid = left_pad(prompts, self.pad_id)
         ids, valid = ids.to(self.device), valid.to(self.device)
+        B, T = ids.shape
         pos = (valid.long().cumsum(-1) - 1).clamp_min(0)
         causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
         # Padding rows still see themselves, so no softmax row is empty.
@@ -138,79 +148,48 @@ class SpecEngine:
         self.drafter.observe(Accepted(ids, valid, pos, self._feats_at(feats, hidden, logits, arange)))
         return root
 
-    def _layout(self, dt: DraftTree):
+    def _layout(self, dt: DraftTree) -> TreeLayout:
         if dt.static is not None:
-            lay = dt.static.layout(self.device, self.dtype)
-            if "kids" not in dt.static._layouts:
-                dt.static._layouts["kids"] = children_table(lay.parents[None].cpu()).to(self.device)
-            return (
-                lay.parents[None],
-                lay.depth[None],
-                lay.anc[None],
-                lay.mask,
-                lay.path_of[None],
-                dt.static._layouts["kids"],
-            )
-        parents = dt.parents if dt.parents.dim() == 2 else dt.parents[None]
-        if bool((parents >= torch.arange(1, parents.shape[1] + 1, device=parents.device)).any()):
-            raise ValueError("draft tree: every node's parent must come before it (parents[i-1] < i)")
-        anc = ancestor_matrix(parents)
-        depth = anc.sum(-1) - 1
-        return parents, depth, anc, additive_mask(anc[:, None], self.dtype), path_table(anc, depth), None
+            return dt.static.layout(self.device, self.dtype)  # built once per tree
+        return TreeLayout.of(dt.parents, self.dtype)
 
-    def _accept(self, logits, dt: DraftTree, parents, anc, depth, kids) -> Verdict:
+    def _accept(self, logits, dt: DraftTree, lay: TreeLayout) -> Verdict:
         if self.acceptance == "typical":
             return accept_typical(
-                logits, dt.tokens, parents, anc, depth, self.sampling, *self.typical, self.generator
+                logits, dt.tokens, lay.parents, lay.anc, lay.depth, self.sampling, *self.typical, self.generator
             )
         if self.sampling.greedy:
-            return accept_greedy(logits.argmax(-1), dt.tokens, parents, anc, depth)
-        kids = kids.expand(logits.shape[0], -1, -1) if kids is not None else None
-        return accept_sampling(logits, dt.tokens, parents, dt.q, self.sampling, self.generator, kids)
+            return accept_greedy(logits.argmax(-1), dt.tokens, lay.parents, lay.anc, lay.depth)
+        kids = lay.kids.expand(logits.shape[0], -1, -1)
+        return accept_sampling(logits, dt.tokens, lay.parents, dt.q, self.sampling, self.generator, kids)
 
-    def _compact(self, start: int, path: torch.Tensor) -> None:
-        """Keep only the accepted path's KV: slots start + path[b, j] -> start + j, then crop."""
-        L = path.shape[1]
-        for layer in self.cache.layers:
-            if layer.keys is None:
-                continue
-            B, H, _, D = layer.keys.shape
-            idx = (start + path)[:, None, :, None].expand(B, H, L, D)
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                t[:, :, start : start + L] = t.gather(2, idx)
-                setattr(layer, name, t[:, :, : start + L])
-
-    def _forward_tree(self, root: torch.Tensor, dt: DraftTree):
+    def _forward_tree(self, root: torch.Tensor, dt: DraftTree) -> Verification:
         B, N = dt.tokens.shape
-        layout = self._layout(dt)
-        depth, tree_mask = layout[1], layout[3]
+        lay = self._layout(dt)
         ids = torch.cat([root[:, None], dt.tokens], 1)
-        pos = (self.next_pos[:, None] + depth).expand(B, -1)
+        pos = (self.next_pos[:, None] + lay.depth).expand(B, -1)
         S = self.kv_bias.shape[-1]
-        mask = torch.cat([self.kv_bias.expand(B, 1, N + 1, S), tree_mask.expand(B, 1, N + 1, N + 1)], -1)
+        mask = torch.cat([self.kv_bias.expand(B, 1, N + 1, S), lay.mask.expand(B, 1, N + 1, N + 1)], -1)
         hidden, feats = self._forward(ids, mask, pos, self.cache)
-        return ids, pos, hidden, feats, layout
+        return Verification(ids, pos, hidden, feats, lay)
 
     @torch.inference_mode()
-    def verify(self, root: torch.Tensor, dt: DraftTree):
-        """One target forward over root + tree nodes. Returns (ids, pos, hidden, feats, logits, layout)."""
-        ids, pos, hidden, feats, layout = self._forward_tree(root, dt)
-        return ids, pos, hidden, feats, self.lm_head(hidden), layout
+    def verify(self, root: torch.Tensor, dt: DraftTree) -> Verification:
+        """One target forward over root + tree nodes, logits at every node. Appends the tree's KV
+        to the cache; `headway.kv.crop(engine.cache, S)` takes it back off."""
+        v = self._forward_tree(root, dt)
+        v.logits = self.lm_head(v.hidden)
+        return v
 
-    def _greedy_lazy(self, hidden, dt: DraftTree, parents, anc, depth) -> Verdict:
+    def _greedy_lazy(self, hidden, dt: DraftTree, lay: TreeLayout) -> Verdict:
         """Greedy acceptance reading the target's logits only at nodes that have children; an accepted
         leaf's bonus token is computed afterwards. Leaves are most of a tree, and the lm_head over
         every node costs a large share of a small target's verification."""
         B, Q = hidden.shape[:2]
-        inner = dt.static._layouts.get("inner") if dt.static is not None else None
-        if inner is None:
-            inner = torch.unique(parents)  # sorted; contains the root
-            if dt.static is not None:
-                dt.static._layouts["inner"] = inner
+        inner = lay.inner  # sorted; contains the root
         pred = torch.full((B, Q), -1, dtype=torch.long, device=hidden.device)
         pred[:, inner] = self.lm_head(hidden[:, inner]).argmax(-1)
-        v = accept_greedy(pred, dt.tokens, parents, anc, depth)
+        v = accept_greedy(pred, dt.tokens, lay.parents, lay.anc, lay.depth)
         leaf = v.bonus < 0
         if bool(leaf.any()):
             rows = leaf.nonzero()[:, 0]
@@ -226,33 +205,32 @@ class SpecEngine:
         t = self._tick("draft", t)
         B = dt.tokens.shape[0]
         S = self.kv_bias.shape[-1]
-        ids, pos, hidden, feats, (parents, depth, anc, _, path_of, kids) = self._forward_tree(root, dt)
+        ver = self._forward_tree(root, dt)
+        lay = ver.layout
         t = self._tick("verify", t)  # the target's decoder; its lm_head counts under "accept"
         if self.sampling.greedy and self.acceptance == "exact" and not self.fspec.logits:
-            logits = None
-            v = self._greedy_lazy(hidden, dt, parents, anc, depth)
+            v = self._greedy_lazy(ver.hidden, dt, lay)
         else:
-            logits = self.lm_head(hidden)
-            v = self._accept(logits, dt, parents, anc, depth, kids)
-        n_acc = depth.expand(B, -1).gather(1, v.best[:, None])[:, 0] + 1
+            ver.logits = self.lm_head(ver.hidden)
+            v = self._accept(ver.logits, dt, lay)
+        n_acc = lay.depth.expand(B, -1).gather(1, v.best[:, None])[:, 0] + 1
         L = int(n_acc.max())
         rows = torch.arange(B, device=self.device)
-        path = path_of.expand(B, -1, -1)[rows, v.best][:, :L]  # root-first; beyond n_acc: padding
+        path = lay.path_of.expand(B, -1, -1)[rows, v.best][:, :L]  # root-first; beyond n_acc: padding
         t = self._tick("accept", t)
-        self._compact(S, path)
+        keep_path(self.cache, S, path)
         new_valid = torch.arange(L, device=self.device)[None] < n_acc[:, None]
         self.kv_bias = torch.cat([self.kv_bias, additive_mask(new_valid, self.dtype)[:, None, None, :]], -1)
         t = self._tick("compact", t)
-        acc_tokens = ids.gather(1, path)
-        self.drafter.observe(
-            Accepted(acc_tokens, new_valid, pos.gather(1, path), self._feats_at(feats, hidden, logits, path))
-        )
+        acc_tokens = ver.ids.gather(1, path)
+        feats = self._feats_at(ver.feats, ver.hidden, ver.logits, path)
+        self.drafter.observe(Accepted(acc_tokens, new_valid, ver.positions.gather(1, path), feats))
         self.next_pos = self.next_pos + n_acc
         self._tick("observe", t)
         return acc_tokens, n_acc, v.bonus
 
     def _select(self, keep: torch.Tensor) -> None:
-        self.cache.batch_select_indices(keep)
+        select_rows(self.cache, keep)
         self.kv_bias = self.kv_bias[keep]
         self.next_pos = self.next_pos[keep]
         self.drafter.select_rows(keep)

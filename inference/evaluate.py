@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from headway.bench import timed
 from headway.config import load_config
 from headway.data.chat import first_turn_ids, next_turn_ids
 from headway.inference.build import build_engine, retune_budget
@@ -31,6 +32,7 @@ from headway.inference.questions import load_questions
 from headway.inference.report import PromptResult, build_report, table, write_report
 from headway.paths import resolve_path
 from headway.target import load_target
+from headway.tokens import cut_at_eos
 
 
 class ForwardCounter:
@@ -42,11 +44,6 @@ class ForwardCounter:
 
     def _hook(self, *_):
         self.n += 1
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def turn_ids(tok, messages: list[dict], prev_ids: list[int] | None, ended: bool) -> list[int]:
@@ -80,9 +77,7 @@ class Runner:
         extra = {"prompt_lookup_num_tokens": self.cfg.eval.pld_num_tokens} if pld else {}
         torch.manual_seed(seed)
         self.counter.n = 0
-        _sync(self.device)
-        t = time.perf_counter()
-        with torch.inference_mode():
+        with timed(self.device) as m, torch.inference_mode():
             out = self.model.generate(
                 x,
                 attention_mask=torch.ones_like(x),
@@ -92,22 +87,13 @@ class Runner:
                 **self.gen_kwargs,
                 **extra,
             )
-        _sync(self.device)
-        toks = out[0, len(ids) :].tolist()
-        for i, tkn in enumerate(
-            toks
-        ):  # generate pads finished rows with pad (= eos here): cut after the first eos
-            if tkn in self.eos:
-                toks = toks[: i + 1]
-                break
-        return toks, time.perf_counter() - t, self.counter.n
+        # generate pads finished rows with pad (= eos here): cut after the first eos
+        return cut_at_eos(out[0, len(ids) :].tolist(), self.eos), m.seconds, self.counter.n
 
     def spec(self, ids: list[int], max_new: int, seed: int):
-        _sync(self.device)
-        t = time.perf_counter()
-        out = self.engine.generate([ids], max_new, seed=seed)
-        _sync(self.device)
-        return out.tokens[0], time.perf_counter() - t, out
+        with timed(self.device) as m:
+            out = self.engine.generate([ids], max_new, seed=seed)
+        return out.tokens[0], m.seconds, out
 
     def run_question(self, q, index: int, max_new: int, seed: int) -> PromptResult:
         res = PromptResult(q.question_id, q.domain, q.category, len(q.turns))

@@ -11,49 +11,15 @@ return the draft logits [B, F, V'] of the token after each. Medusa ignores token
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from headway.inference.drafter import DraftTree
-from headway.inference.sampling import SamplingParams, warp
 from headway.inference.trees import Tree
+from headway.sampling import SamplingParams, warp
 
 Expand = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Level:
-    """One depth of a static tree: which nodes are expanded and how their children hang off them."""
-
-    expand_nodes: torch.Tensor  # [F] tree nodes at this depth that have children (root: [0])
-    child_nodes: torch.Tensor  # [C] tree nodes at depth + 1
-    child_from: torch.Tensor  # [C] index into expand_nodes of each child's parent
-    child_rank: torch.Tensor  # [C]
-    max_rank: int
-
-
-def static_levels(tree: Tree) -> list[Level]:
-    cached = tree._layouts.get("levels")
-    if cached is not None:
-        return cached
-    levels = []
-    for d in range(tree.max_depth):
-        children = [i + 1 for i, p in enumerate(tree.paths) if len(p) == d + 1]
-        parents = sorted({tree.parents[c - 1] for c in children})
-        pos = {n: j for j, n in enumerate(parents)}
-        levels.append(
-            Level(
-                expand_nodes=torch.tensor(parents),
-                child_nodes=torch.tensor(children),
-                child_from=torch.tensor([pos[tree.parents[c - 1]] for c in children]),
-                child_rank=torch.tensor([tree.ranks[c - 1] for c in children]),
-                max_rank=max(tree.ranks[c - 1] for c in children) + 1,
-            )
-        )
-    tree._layouts["levels"] = levels
-    return levels
 
 
 def _to_target(ids: torch.Tensor, id_map: torch.Tensor | None) -> torch.Tensor:
@@ -93,21 +59,13 @@ def grow_static(
     r-th draw without replacement from the warped draft distribution ("sample", not when greedy)."""
     sample = children == "sample" and not sampling.greedy
     B, N, dev = root.shape[0], tree.num_nodes, root.device
+    tables = tree.draft_tables(dev)
     tokens = torch.zeros(B, N + 1, dtype=torch.long, device=dev)
     tokens[:, 0] = root
-    exp_id = torch.full((N + 1,), -1, dtype=torch.long)  # tree node -> expanded-node id
-    exp_id[0] = 0
     q = None
-    next_id = 1
-    logits = expand(root[:, None], torch.full((B, 1), -1, dtype=torch.long, device=dev), 0)
-    for d, lv in enumerate(static_levels(tree)):
-        if d > 0:  # feed the nodes at depth d that have children
-            nodes = lv.expand_nodes
-            par = exp_id[torch.tensor([tree.parents[n - 1] for n in nodes.tolist()])]
-            exp_id[nodes] = torch.arange(next_id, next_id + len(nodes))
-            next_id += len(nodes)
-            logits = expand(tokens[:, nodes.to(dev)], par.to(dev).expand(B, -1), d)
-        cf, cr, cn = lv.child_from.to(dev), lv.child_rank.to(dev), lv.child_nodes.to(dev)
+    for d, lv in enumerate(tables.levels):  # feed the nodes at depth d that have children
+        logits = expand(tokens[:, lv.expand_nodes], lv.expand_parents.expand(B, -1), d)
+        cf, cr, cn = lv.child_from, lv.child_rank, lv.child_nodes
         if sample:
             ids, qs = draw_without_replacement(warp(logits, sampling), lv.max_rank, generator)
             picked = ids[:, cf, cr]
@@ -121,8 +79,7 @@ def grow_static(
         else:
             picked = logits.topk(lv.max_rank, dim=-1).indices[:, cf, cr]
         tokens[:, cn] = _to_target(picked, id_map)
-    parents = torch.tensor(tree.parents, dtype=torch.long, device=dev)
-    return DraftTree(tokens[:, 1:], parents, q[:, 1:] if q is not None else None, static=tree)
+    return DraftTree(tokens[:, 1:], tables.parents, q[:, 1:] if q is not None else None, static=tree)
 
 
 def grow_dynamic(

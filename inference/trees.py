@@ -34,6 +34,8 @@ from typing import Literal
 
 import torch
 
+from headway.inference.layout import DraftTables, TreeLayout
+
 # Per-depth cumulative top-k accuracies used when nothing was measured: roughly Medusa-1 heads on
 # Vicuna-7B (head 1 about 0.6 top-1, falling with depth). Only the tree's shape depends on it.
 DEFAULT_ACCURACIES: list[list[float]] = [
@@ -54,21 +56,11 @@ DRAFTER_DEFAULT_ACCURACIES: list[list[float]] = [
 ]
 
 
-@dataclass(frozen=True)
-class TreeLayout:
-    """What the engine needs per verification, precomputed once per static tree and device."""
-
-    parents: torch.Tensor  # [N] long, 0 = root
-    depth: torch.Tensor  # [N+1] long, root 0
-    anc: torch.Tensor  # [N+1, N+1] bool: anc[i, j] = j is i or an ancestor of i
-    mask: torch.Tensor  # [1, 1, N+1, N+1] additive float mask in the model dtype
-    path_of: torch.Tensor  # [N+1, D+1] long: node indices from the root down to each node (0-padded)
-
-
 @dataclass
 class Tree:
     paths: list[tuple[int, ...]]  # sorted by (depth, ranks): parents precede children
-    _layouts: dict = field(default_factory=dict, repr=False, compare=False)
+    # Tensor tables derived from the paths, per device: written only by `layout` and `draft_tables`.
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         paths = sorted({tuple(int(r) for r in p) for p in self.paths}, key=lambda p: (len(p), p))
@@ -111,55 +103,21 @@ class Tree:
         return [p[-1] for p in self.paths]
 
     def layout(self, device: torch.device, dtype: torch.dtype) -> TreeLayout:
-        key = (str(device), dtype)
-        if key not in self._layouts:
-            parents = torch.tensor(self.parents, dtype=torch.long)
-            anc = ancestor_matrix(parents[None])[0]
-            depth = torch.tensor(self.depths, dtype=torch.long)
-            self._layouts[key] = TreeLayout(
-                parents=parents.to(device),
-                depth=depth.to(device),
-                anc=anc.to(device),
-                mask=additive_mask(anc, dtype)[None, None].to(device),
-                path_of=path_table(anc[None], depth[None])[0].to(device),
-            )
-        return self._layouts[key]
+        """The verification tables (batch dimension 1), built once per device and dtype."""
+        key = ("layout", str(device), dtype)
+        if key not in self._tables:
+            self._tables[key] = TreeLayout.of(torch.tensor(self.parents, device=device), dtype)
+        return self._tables[key]
+
+    def draft_tables(self, device: torch.device) -> DraftTables:
+        """The drafting tables (head, rank, levels per node), built once per device."""
+        key = ("draft", str(device))
+        if key not in self._tables:
+            self._tables[key] = DraftTables.of(self.parents, self.ranks, device)
+        return self._tables[key]
 
     def to_json(self) -> list[list[int]]:
         return [list(p) for p in self.paths]
-
-
-def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """parents [B, N] (0 = root, parent < child) -> anc [B, N+1, N+1] bool, anc[b, i, j]: j is i or above i."""
-    B, N = parents.shape
-    Q = N + 1
-    full = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=parents.device), parents], 1)  # root -> root
-    anc = torch.eye(Q, dtype=torch.bool, device=parents.device).expand(B, Q, Q).clone()
-    up = torch.arange(Q, device=parents.device).expand(B, Q)
-    # Walk every node up one level per round (the root is its own parent): depth rounds reach the root.
-    for _ in range(Q):
-        up = full.gather(1, up)
-        anc.scatter_(2, up[..., None], True)
-        if bool((up == 0).all()):
-            break
-    return anc
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool -> float additive mask (0 where allowed, dtype min elsewhere): eager attention needs float."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-        ~allowed, torch.finfo(dtype).min
-    )
-
-
-def path_table(anc: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-    """anc [B, Q, Q], depth [B, Q] -> [B, Q, D+1]: row i lists i's ancestors root-first (0-padded)."""
-    B, Q, _ = anc.shape
-    D = int(depth.max())
-    out = torch.zeros(B, Q, D + 2, dtype=torch.long, device=anc.device)
-    slot = torch.where(anc, depth[:, None, :].expand(B, Q, Q), D + 1)  # non-ancestors go to a spill column
-    out.scatter_(2, slot, torch.arange(Q, device=anc.device).expand(B, Q, Q).contiguous())
-    return out[..., : D + 1]
 
 
 def chain(k: int) -> Tree:

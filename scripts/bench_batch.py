@@ -14,53 +14,35 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from headway.bench import timed
 from headway.config import load_config
 from headway.data.chat import first_turn_ids
 from headway.inference.build import build_engine
 from headway.inference.questions import load_questions
 from headway.paths import resolve_path
 from headway.target import load_target
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def cut(toks: list[int], eos: set[int]) -> list[int]:
-    for i, t in enumerate(toks):
-        if t in eos:
-            return toks[: i + 1]
-    return toks
+from headway.tokens import cut_at_eos, left_pad
 
 
 @torch.inference_mode()
 def plain_batch(model, prompts, max_new, eos, pad) -> tuple[list[list[int]], float]:
     device = next(model.parameters()).device
-    L = max(map(len, prompts))
-    ids = torch.full((len(prompts), L), pad, dtype=torch.long)
-    att = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p) :] = torch.tensor(p)
-        att[i, L - len(p) :] = 1
-    _sync(device)
-    t = time.perf_counter()
-    out = model.generate(
-        ids.to(device),
-        attention_mask=att.to(device),
-        max_new_tokens=max_new,
-        do_sample=False,
-        eos_token_id=sorted(eos),
-        pad_token_id=pad,
-    )
-    _sync(device)
-    return [cut(row[L:].tolist(), eos) for row in out], time.perf_counter() - t
+    ids, valid = left_pad(prompts, pad)
+    with timed(device) as m:
+        out = model.generate(
+            ids.to(device),
+            attention_mask=valid.long().to(device),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=sorted(eos),
+            pad_token_id=pad,
+        )
+    return [cut_at_eos(row[ids.shape[1] :].tolist(), eos) for row in out], m.seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,11 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             ref, dt = plain_batch(model, chunk, args.max_new_tokens, eos, tok.pad_token_id)
             tot["plain_tokens"] += sum(map(len, ref))
             tot["plain_s"] += dt
-            _sync(device)
-            t = time.perf_counter()
-            out = engine.generate(chunk, args.max_new_tokens)
-            _sync(device)
-            tot["spec_s"] += time.perf_counter() - t
+            with timed(device) as m:
+                out = engine.generate(chunk, args.max_new_tokens)
+            tot["spec_s"] += m.seconds
             tot["spec_tokens"] += sum(map(len, out.tokens))
             tot["identical"] += sum(a == b for a, b in zip(out.tokens, ref, strict=True))
         plain_tps, spec_tps = tot["plain_tokens"] / tot["plain_s"], tot["spec_tokens"] / tot["spec_s"]

@@ -20,25 +20,20 @@ from headway.data.chat import first_turn_ids
 from headway.data.generate import generate_batch
 from headway.data.sources import load_conversations
 from headway.target import load_target
+from headway.tokens import cut_at_eos, left_pad
 
 
 def hf_generate(model, tok, prompts, max_new_tokens, eos_ids):
-    L = max(len(p) for p in prompts)
-    ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in prompts], device=model.device)
-    attn = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    ids, valid = left_pad(prompts, tok.pad_token_id)
     out = model.generate(
-        input_ids=ids,
-        attention_mask=attn,
+        input_ids=ids.to(model.device),
+        attention_mask=valid.long().to(model.device),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         eos_token_id=sorted(eos_ids),
         pad_token_id=tok.pad_token_id,
-    )[:, L:]
-    n = 0
-    for row in out.tolist():
-        stop = next((i for i, t in enumerate(row) if t in eos_ids), None)
-        n += len(row) if stop is None else stop + 1
-    return n
+    )[:, ids.shape[1] :]
+    return sum(len(cut_at_eos(row, eos_ids)) for row in out.tolist())
 
 
 def main() -> None:

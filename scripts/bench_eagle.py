@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from contextlib import nullcontext
 
 import torch
 
+from headway.bench import timed
 from headway.config import load_config
 from headway.data.dataset import collate, load_distilled, select_rows
 from headway.data.feature_cache import FeatureCache, with_split_column, write_cache
@@ -35,11 +35,6 @@ from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.heads.vocab import build_draft_vocab, coverage
 from headway.target import load_target, target_fingerprint
 from headway.train.eagle import build_drafter
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bare_forward_seconds(target, rows, pad_id: int, max_len: int, batch_size: int) -> tuple[float, int]:
@@ -52,13 +47,11 @@ def bare_forward_seconds(target, rows, pad_id: int, max_len: int, batch_size: in
         for b in range(0, len(order), batch_size):
             batch = collate([rows[i] for i in order[b : b + batch_size]], pad_id=pad_id, max_len=max_len)
             batch = {k: v.to(device) for k, v in batch.items()}
-            _sync(device)
-            t0 = time.perf_counter()
-            target.get_decoder()(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-            )
-            _sync(device)
-            seconds += time.perf_counter() - t0
+            with timed(device) as m:
+                target.get_decoder()(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+                )
+            seconds += m.seconds
             tokens += int(batch["attention_mask"].sum())
     return seconds, tokens
 
@@ -72,17 +65,15 @@ def training_tokens_per_s(
     seconds, tokens = 0.0, 0
     for step in range(steps + 1):  # step 0 warms up (allocations, kernels) and is not counted
         batch = {k: v.to(device) for k, v in batches[step % len(batches)]().items()}
-        _sync(device)
-        t0 = time.perf_counter()
-        feats = feature_source(batch)
-        with autocast:
-            out = objective.training_loss(batch, feats)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(device)
+        with timed(device) as m:
+            feats = feature_source(batch)
+            with autocast:
+                out = objective.training_loss(batch, feats)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         if step:
-            seconds += time.perf_counter() - t0
+            seconds += m.seconds
             tokens += int(batch["attention_mask"].sum())
     return tokens / max(seconds, 1e-9)
 

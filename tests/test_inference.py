@@ -12,8 +12,8 @@ from headway.heads.medusa import MedusaHeads
 from headway.inference.drafter import Accepted, DraftTree
 from headway.inference.drafters import EagleTreeDrafter, MedusaDrafter, ModelDrafter, layer_skip
 from headway.inference.engine import SpecEngine
-from headway.inference.sampling import SamplingParams
 from headway.inference.trees import Tree, TreeSpec, chain, default_tree
+from headway.sampling import SamplingParams
 from headway.target import tiny_llama
 
 

@@ -18,8 +18,8 @@ import headway.inference.engine as engine_mod
 from headway.inference.acceptance import accept_sampling, residual
 from headway.inference.drafters import ModelDrafter
 from headway.inference.engine import SpecEngine
-from headway.inference.sampling import SamplingParams, warp
 from headway.inference.trees import Tree, TreeSpec, chain
+from headway.sampling import SamplingParams, warp
 from headway.target import tiny_llama
 
 

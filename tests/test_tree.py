@@ -15,21 +15,20 @@ import torch
 
 from headway.inference.drafter import DraftTree
 from headway.inference.drafters import ModelDrafter, layer_skip
-from headway.inference.drafters.model import crop_cache
 from headway.inference.engine import SpecEngine
+from headway.inference.layout import TreeLayout, ancestor_matrix, path_table
 from headway.inference.trees import (
     DEFAULT_ACCURACIES,
     Tree,
     TreeSpec,
-    ancestor_matrix,
     build_tree,
     chain,
     default_tree,
     expected_tau,
     load_accuracies,
-    path_table,
     per_rank,
 )
+from headway.kv import crop
 from headway.target import tiny_llama
 
 # ---------------------------------------------------------------- static trees
@@ -50,10 +49,37 @@ def test_tree_from_paths():
     assert t.parents == [0, 0, 1, 1, 3]
     assert t.depths == [0, 1, 1, 2, 2, 3]
     lay = t.layout(torch.device("cpu"), torch.float32)
-    assert lay.anc[5].tolist() == [True, True, False, True, False, True]
-    assert lay.path_of[5].tolist() == [0, 1, 3, 5]
+    assert lay.anc[0, 5].tolist() == [True, True, False, True, False, True]
+    assert lay.path_of[0, 5].tolist() == [0, 1, 3, 5]
     assert lay.mask[0, 0, 5, 2] == torch.finfo(torch.float32).min and lay.mask[0, 0, 5, 3] == 0
 
+
+
+def test_static_tables_are_built_once_and_match_the_general_layout():
+    t = Tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    cpu = torch.device("cpu")
+    lay = t.layout(cpu, torch.float32)
+    assert t.layout(cpu, torch.float32) is lay and t.draft_tables(cpu) is t.draft_tables(cpu)
+    dyn = TreeLayout.of(torch.tensor([t.parents, t.parents]), torch.float32)  # a tree per row
+    for name in ("parents", "depth", "anc", "mask", "path_of", "kids"):
+        assert torch.equal(getattr(dyn, name)[1], getattr(lay, name)[0]), name
+    assert lay.kids[0, 1].tolist() == [3, 4] and lay.kids[0, 6].tolist() == [-1, -1]
+    assert lay.inner.tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="parent must come before"):
+        TreeLayout.of(torch.tensor([0, 2]), torch.float32)
+
+
+def test_draft_tables_number_expanded_nodes_in_feeding_order():
+    # Node 1 (rank 0) is a leaf, so node 2 is the first node fed after the root: expanded id 1.
+    t = Tree([[0], [1], [1, 0], [1, 1], [1, 0, 0]])
+    tab = t.draft_tables(torch.device("cpu"))
+    assert tab.parents.tolist() == [0, 0, 2, 2, 3]
+    assert tab.head.tolist() == [0, 0, 1, 1, 2] and tab.rank.tolist() == [0, 1, 0, 1, 0]
+    fed = [(lv.expand_nodes.tolist(), lv.expand_parents.tolist()) for lv in tab.levels]
+    assert fed == [([0], [-1]), ([2], [0]), ([3], [1])]
+    lv = tab.levels[1]
+    assert lv.child_nodes.tolist() == [3, 4] and lv.child_from.tolist() == [0, 0]
+    assert lv.child_rank.tolist() == [0, 1] and lv.max_rank == 2
 
 def test_tree_errors_name_the_path():
     with pytest.raises(ValueError, match=r"\[0, 1\] has no parent path \[0\]"):
@@ -149,10 +175,11 @@ def _run_steps(engine, prompts, steps):
 
 def _check_tree_logits(model, engine, seqs, root, dt, atol):
     S = engine.kv_bias.shape[-1]
-    _, _, _, _, logits, layout = engine.verify(root, dt)
-    crop_cache(engine.cache, S)  # verify appended the tree's KV; the next check starts clean
-    path_of = layout[4].expand(len(seqs), -1, -1)
-    depth = layout[1].expand(len(seqs), -1)
+    ver = engine.verify(root, dt)
+    crop(engine.cache, S)  # verify appended the tree's KV; the next check starts clean
+    logits = ver.logits
+    path_of = ver.layout.path_of.expand(len(seqs), -1, -1)
+    depth = ver.layout.depth.expand(len(seqs), -1)
     ids = torch.cat([root[:, None], dt.tokens], 1)
     worst = 0.0
     for b, seq in enumerate(seqs):

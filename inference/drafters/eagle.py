@@ -18,10 +18,11 @@ import torch
 from headway.features import FeatureSpec
 from headway.heads.eagle import EagleDrafter
 from headway.inference.drafter import Accepted, DraftTree
-from headway.inference.drafters.model import crop_cache
 from headway.inference.grow import grow_dynamic, grow_static
-from headway.inference.sampling import SamplingParams
-from headway.inference.trees import TreeSpec, additive_mask
+from headway.inference.layout import additive_mask
+from headway.inference.trees import TreeSpec
+from headway.kv import crop, select_rows
+from headway.sampling import SamplingParams
 
 
 class EagleTreeDrafter:
@@ -48,7 +49,7 @@ class EagleTreeDrafter:
 
     def select_rows(self, keep: torch.Tensor) -> None:
         if self.cache is not None:
-            self.cache.batch_select_indices(keep)
+            select_rows(self.cache, keep)
             self.kv_bias = self.kv_bias[keep]
         if self.pending is not None:
             self.pending = tuple(t[keep] for t in self.pending)
@@ -62,7 +63,7 @@ class EagleTreeDrafter:
             self.cache = self.drafter.new_cache()
             self.kv_bias = torch.zeros(B, 1, 1, 0, dtype=dtype, device=dev)
         S = self.kv_bias.shape[-1]
-        crop_cache(self.cache, S)  # drop last step's tree entries
+        crop(self.cache, S)  # drop last step's tree entries
         # Each observed token's entry reads the next observed token, the last one the root.
         nxt_valid = torch.cat([valid[:, 1:], torch.zeros(B, 1, dtype=torch.bool, device=dev)], 1)
         nxt = torch.where(nxt_valid, torch.cat([tokens[:, 1:], tokens[:, :1]], 1), root[:, None])

@@ -13,8 +13,8 @@ from headway.features import FeatureSpec
 from headway.heads.medusa import MedusaHeads
 from headway.inference.drafter import Accepted, DraftTree
 from headway.inference.grow import grow_dynamic, grow_static
-from headway.inference.sampling import SamplingParams
 from headway.inference.trees import Tree, TreeSpec
+from headway.sampling import SamplingParams
 
 
 def last_valid(valid: torch.Tensor) -> torch.Tensor:
@@ -60,16 +60,8 @@ class MedusaDrafter:
         return grow_dynamic(expand, root, spec.depth, spec.top_k, spec.budget, id_map)
 
     def _static_topk(self, logits, tree: Tree, id_map) -> DraftTree:
-        key = ("medusa", str(logits.device))
-        if key not in tree._layouts:  # node -> (head, rank), once per tree
-            dev = logits.device
-            tree._layouts[key] = (
-                torch.tensor([len(p) - 1 for p in tree.paths], device=dev),
-                torch.tensor(tree.ranks, device=dev),
-                torch.tensor(tree.parents, device=dev),
-            )
-        d, r, parents = tree._layouts[key]
+        t = tree.draft_tables(logits.device)  # node -> (head, rank), built once per tree
         top = logits[: tree.max_depth].topk(tree.max_rank, dim=-1).indices  # [D, B, R]
-        ids = top[d, :, r].T  # [B, N]
+        ids = top[t.head, :, t.rank].T  # [B, N]
         tokens = ids if id_map is None else id_map[ids]
-        return DraftTree(tokens, parents, static=tree)
+        return DraftTree(tokens, t.parents, static=tree)

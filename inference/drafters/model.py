@@ -21,14 +21,10 @@ from transformers import DynamicCache
 from headway.features import FeatureSpec
 from headway.inference.drafter import Accepted, DraftTree
 from headway.inference.grow import grow_dynamic, grow_static
-from headway.inference.sampling import SamplingParams
-from headway.inference.trees import TreeSpec, additive_mask
-
-
-def crop_cache(cache: DynamicCache, length: int) -> None:
-    for layer in cache.layers:
-        if layer.keys is not None and layer.keys.shape[-2] > length:
-            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+from headway.inference.layout import additive_mask
+from headway.inference.trees import TreeSpec
+from headway.kv import crop, select_rows
+from headway.sampling import SamplingParams
 
 
 def layer_skip(target, num_layers: int):
@@ -69,7 +65,7 @@ class ModelDrafter:
         self.pending = acc
 
     def select_rows(self, keep: torch.Tensor) -> None:
-        self.cache.batch_select_indices(keep)
+        select_rows(self.cache, keep)
         self.kv_bias = self.kv_bias[keep]
         p = self.pending
         if p is not None:
@@ -91,7 +87,7 @@ class ModelDrafter:
             self.cache = DynamicCache(config=self.model.config)
             self.kv_bias = torch.zeros(B, 1, 1, 0, dtype=dtype, device=dev)
         S = self.kv_bias.shape[-1]
-        crop_cache(self.cache, S)  # drop last step's root and tree nodes
+        crop(self.cache, S)  # drop last step's root and tree nodes
         A = p.tokens.shape[1]
         root_pos = p.positions.masked_fill(~p.valid, -1).max(-1).values + 1
         ids = torch.cat([p.tokens, root[:, None]], 1)

@@ -1,7 +1,8 @@
 """Sampling parameters and the one warp (temperature, top-k, top-p) applied to target and drafter alike.
 
 Lossless speculative sampling needs the drafter's q and the target's p to come from the same
-transform of their logits; both go through `warp`.
+transform of their logits; both go through `warp`. The self-distillation generator
+(`data/generate.py`) samples through `pick` too, so its answers follow the same rule.
 """
 
 from __future__ import annotations
