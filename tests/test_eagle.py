@@ -6,13 +6,13 @@ import json
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
 from headway.data.features import OnlineFeatures
 from headway.heads.base import FeatureSpec
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
 from headway.heads.eagle_attention import offset_causal_mask
 from headway.heads.vocab import DraftVocab
-from headway.target import tiny_llama
 
 V, H, L = 512, 64, 4
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import tiny_llama
 
 from headway.data.features import OnlineFeatures
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
@@ -18,7 +19,6 @@ from headway.heads.engine_keys import TABLES, ExportError, check_folder, weight_
 from headway.heads.export import export, load_exported, read_checkpoint
 from headway.heads.medusa import MedusaHeads
 from headway.heads.vocab import DraftVocab
-from headway.target import tiny_llama
 
 V, H, L = 512, 64, 4
 HEADS, KV, HEAD_DIM, INTER = 4, 2, 16, 128  # tiny_llama's attention and MLP sizes

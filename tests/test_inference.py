@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
 from headway.heads.base import FeatureSpec, TargetFeatures
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
@@ -14,7 +15,6 @@ from headway.inference.drafters import EagleTreeDrafter, MedusaDrafter, ModelDra
 from headway.inference.engine import SpecEngine
 from headway.inference.sampling import SamplingParams
 from headway.inference.trees import Tree, TreeSpec, chain, default_tree
-from headway.target import tiny_llama
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_models import tiny_llama
 from train_helpers import reset_accelerate, synthetic_rows
 
 from headway.config import TrainConfig
@@ -14,7 +15,6 @@ from headway.data.features import BatchFeatures, OnlineFeatures, feature_key
 from headway.heads.base import FeatureSpec, LossOutput
 from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import MedusaObjective
-from headway.target import tiny_llama
 from headway.train.checkpoint import complete_checkpoints
 from headway.train.data_order import DataOrder
 from headway.train.loop import NonFiniteLossError, make_accelerator, train

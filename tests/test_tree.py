@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
 from headway.inference.drafter import DraftTree
 from headway.inference.drafters import ModelDrafter, layer_skip
@@ -30,7 +31,6 @@ from headway.inference.trees import (
     path_table,
     per_rank,
 )
-from headway.target import tiny_llama
 
 # ---------------------------------------------------------------- static trees
 
