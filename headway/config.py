@@ -152,14 +152,13 @@ class TrainConfig:
 
 @dataclass
 class InferenceConfig:
-    tree: str = "auto"  # auto | chain | static | dynamic
+    tree: Literal["auto", "chain", "static", "dynamic"] = "auto"  # auto: static for Medusa, dynamic for EAGLE
     tree_budget: int | Literal["auto"] = "auto"  # nodes verified per step
     depth: int = 5
     top_k: int = 8
     temperature: float = 0.0
     top_p: float = 1.0
     acceptance: Literal["exact", "typical"] = "exact"
-    # Added for inference/ (issue 5); defaults keep the behaviour above.
     sample_top_k: int = 0  # sampling top-k, applied to target and drafter alike (0: off)
     children: Literal["topk", "sample"] = "topk"  # static trees when sampling: top-k ranks or draws from q
     tree_paths: str | None = None  # JSON list of paths for tree: static (default: built from accuracies)
@@ -337,7 +336,3 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
     if tp is Any:
         return value
     raise ConfigError(f"{where}: key {key!r} has an unsupported type {tp!r} in the schema")
-
-
-def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)

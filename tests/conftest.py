@@ -36,6 +36,6 @@ def smol_fp32(smol_path):
 @pytest.fixture
 def tiny_smol_vocab():
     """A random 2-layer Llama over SmolLM2's vocabulary, so the real tokenizer and template apply."""
-    from headway.target import tiny_llama
+    from tiny_models import tiny_llama
 
     return tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2, seed=0)

@@ -72,8 +72,25 @@ def plain_greedy(model, ids_list: list[list[int]]) -> list[list[int]]:
     return refs
 
 
-def check_lossless(model, drafter, spec, ids_list, refs, batch: int) -> int:
-    """Runs the engine over all prompts in batches; asserts equality; returns draft tokens accepted."""
+def echo_drafter(drafter):
+    """An EAGLE drafter whose layer passes the target feature through: fc reads only the last feature
+    block, attention and MLP outputs are zeroed. Drafting then reads the target's own head on its
+    last feature, i.e. it guesses like untrained Medusa heads (the target's next token, one step
+    early), so some drafts are accepted. A random untrained drafter gets almost none (measured over
+    these 20 prompts, static tree: EAGLE-1 0, EAGLE-3 1), which would leave accepted paths untested."""
+    h = drafter.config.hidden_size
+    layer = drafter.midlayer if hasattr(drafter, "midlayer") else drafter.layers[0]
+    with torch.no_grad():
+        drafter.fc.weight.zero_()
+        drafter.fc.weight[:, -h:] = torch.eye(h)
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    return drafter
+
+
+def check_lossless(model, drafter, spec, ids_list, refs, batch: int, *, min_accepted: int) -> int:
+    """Runs the engine over all prompts in batches; asserts equality, and that at least `min_accepted`
+    draft tokens were accepted (a drafter that is never right would leave acceptance untested)."""
     engine = SpecEngine(model, drafter, spec, eos_ids={EOS})
     accepted = 0
     for i in range(0, len(ids_list), batch):
@@ -85,6 +102,7 @@ def check_lossless(model, drafter, spec, ids_list, refs, batch: int) -> int:
                 f"prompt {i + j} (batch {batch}): speculative {toks} != plain {refs[i + j]}"
             )
         accepted += sum(map(sum, out.accepted))
+    assert accepted >= min_accepted, f"only {accepted} draft tokens accepted (batch {batch}), expected >= {min_accepted}"
     return accepted
 
 

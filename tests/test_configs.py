@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from headway.config import Config, ConfigError, load_config
+from headway.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "configs").glob("*/*.yaml") if p.parent.name != "accelerate")
@@ -21,7 +21,9 @@ def test_configs_exist():
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_config_validates(path):
     cfg = load_config(path)
-    assert isinstance(cfg, Config)
+    assert cfg.source_file == str(path)
+    method = "medusa" if path.stem == "medusa2" else path.stem  # Medusa-2 is the medusa method with LoRA
+    assert cfg.method == method, f"{path}: a {cfg.method} recipe"
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and path.relative_to(ROOT).as_posix() in first, "first line must be the command"
     assert cfg.data.sources, "every recipe names its prompt sources"
@@ -79,6 +81,13 @@ def test_literal_choices(tmp_path):
     p = _write(tmp_path, "target:\n  dtype: float64\n")
     with pytest.raises(ConfigError, match="'bfloat16'"):
         load_config(p)
+
+
+def test_inference_tree_choices_checked_at_load(tmp_path):
+    p = _write(tmp_path, "inference:\n  tree: dynamc\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: key 'inference\.tree' expects 'auto' \| 'chain' \| 'static' \| 'dynamic', got 'dynamc'"):
+        load_config(p)
+    assert load_config(p, ["inference.tree=chain"]).inference.tree == "chain"
 
 
 def test_overrides_and_base(tmp_path):

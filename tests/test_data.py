@@ -224,7 +224,7 @@ def test_output_dir_with_other_settings_is_refused(tmp_path, tiny_smol_vocab, sm
         distill(cfg, model=tiny_smol_vocab, tok=smol_tok, log=lambda *_: None)
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before, "nothing written is lost"
     # A different target (another random init) is refused too.
-    from headway.target import tiny_llama
+    from tiny_models import tiny_llama
 
     cfg.data.generation.max_new_tokens = 12
     other = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2, seed=1)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
 from headway.data.features import OnlineFeatures
 from headway.features import FeatureSpec
@@ -13,7 +14,6 @@ from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, eagle_feature_spec
 from headway.heads.eagle_attention import offset_causal_mask
 from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.heads.vocab import DraftVocab
-from headway.target import tiny_llama
 
 V, H, L = 512, 64, 4
 

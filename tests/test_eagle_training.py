@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_models import tiny_llama
 from train_helpers import reset_accelerate, synthetic_rows
 
 from headway.config import TrainConfig
@@ -13,7 +14,6 @@ from headway.data.features import OnlineFeatures
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
 from headway.heads.eagle_objective import EagleLossConfig, align_step, build_objective
 from headway.heads.vocab import DraftVocab
-from headway.target import tiny_llama
 from headway.train.checkpoint import complete_checkpoints
 from headway.train.loop import make_accelerator, train
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import tiny_llama
 
 from headway.data.features import OnlineFeatures
 from headway.export.check import check_folder, weight_header
@@ -21,7 +22,6 @@ from headway.export.rules import engine_weights, to_headway
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
 from headway.heads.medusa import MedusaHeads
 from headway.heads.vocab import DraftVocab
-from headway.target import tiny_llama
 
 V, H, L = 512, 64, 4
 HEADS, KV, HEAD_DIM, INTER = 4, 2, 16, 128  # tiny_llama's attention and MLP sizes

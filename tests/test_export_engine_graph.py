@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
+from tiny_models import tiny_llama
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from headway.data.features import OnlineFeatures
@@ -24,7 +25,6 @@ from headway.export.folders import export
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
 from headway.heads.medusa import MedusaHeads
 from headway.heads.vocab import DraftVocab
-from headway.target import tiny_llama
 
 V, H, L = 512, 64, 5
 VOCAB = DraftVocab(torch.tensor(sorted(set(range(1, V, 4)) | {2}), dtype=torch.int64), V)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import DatasetDict
+from tiny_models import tiny_llama
 from train_helpers import synthetic_rows
 
 from headway.data.dataset import collate, select_rows
@@ -15,7 +16,7 @@ from headway.data.feature_cache import FeatureCache, StaleCacheError, with_split
 from headway.data.feature_stats import FeatureMoments, generated_mask
 from headway.data.features import BatchFeatures, OnlineFeatures
 from headway.features import FeatureSpec, feature_keys
-from headway.target import target_fingerprint, tiny_llama
+from headway.target import target_fingerprint
 from headway.train.data_order import DataOrder
 
 V, H = 128, 32

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
 from headway.features import (
     FeatureSpec,
@@ -15,7 +16,6 @@ from headway.features import (
     layer_to_hidden_state,
     parse_feature_key,
 )
-from headway.target import tiny_llama
 
 
 def test_feature_names_parse_back_and_bad_names_are_refused():

@@ -107,7 +107,7 @@ def test_summary_definitions(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_target():
-    from headway.target import tiny_llama
+    from tiny_models import tiny_llama
 
     return tiny_llama(vocab_size=49152, hidden_size=64, num_layers=4, seed=0)
 

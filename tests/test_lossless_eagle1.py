@@ -1,10 +1,11 @@
-"""fp32 greedy losslessness on the real SmolLM2 with an EAGLE-1 drafter (untrained): static and
-dynamic trees, batch 1 and batch 4, 20 prompts over all six domains."""
+"""fp32 greedy losslessness on the real SmolLM2 with an EAGLE-1 drafter (untrained, its layer made a
+pass-through by `echo_drafter` so that some drafts are accepted): static and dynamic trees, batch 1
+and batch 4, 20 prompts over all six domains."""
 
 from __future__ import annotations
 
 import pytest
-from lossless_common import check_lossless, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
+from lossless_common import check_lossless, echo_drafter, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
 
 from headway.heads.eagle import Eagle1Drafter
 from headway.inference.drafters import EagleTreeDrafter
@@ -16,6 +17,8 @@ SPECS = {
     "static": TreeSpec("static", default_tree(10, depth=4)),
     "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
 }
+# Draft tokens accepted over the 20 prompts, measured (batch 4): static 28, dynamic 19.
+MIN_ACCEPTED = {"static": 18, "dynamic": 12}
 
 
 @pytest.fixture(scope="module")
@@ -28,5 +31,5 @@ def case(smol_fp32, smol_tok):
 @pytest.mark.parametrize("tree", list(SPECS))
 def test_eagle1_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
-    drafter = EagleTreeDrafter(Eagle1Drafter.from_target(smol_fp32))
-    check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)
+    drafter = EagleTreeDrafter(echo_drafter(Eagle1Drafter.from_target(smol_fp32)))
+    check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=MIN_ACCEPTED[tree])

@@ -1,11 +1,11 @@
-"""fp32 greedy losslessness on the real SmolLM2 with an EAGLE-3 drafter (untrained): static and
-dynamic trees, batch 1 and batch 4, 20 prompts over all six domains; an 8,192-token draft vocabulary
-(d2t map) as in the recipe."""
+"""fp32 greedy losslessness on the real SmolLM2 with an EAGLE-3 drafter (untrained, its layer made a
+pass-through by `echo_drafter` so that some drafts are accepted): static and dynamic trees, batch 1
+and batch 4, 20 prompts over all six domains; an 8,192-token draft vocabulary (d2t map) as in the recipe."""
 
 from __future__ import annotations
 
 import pytest
-from lossless_common import check_lossless, one_thread, plain_greedy, prompts, recipe_vocab  # noqa: F401 (fixture)
+from lossless_common import check_lossless, echo_drafter, one_thread, plain_greedy, prompts, recipe_vocab  # noqa: F401 (fixture)
 
 from headway.heads.eagle import Eagle3Drafter
 from headway.inference.drafters import EagleTreeDrafter
@@ -17,6 +17,8 @@ SPECS = {
     "static": TreeSpec("static", default_tree(10, depth=4)),
     "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
 }
+# Draft tokens accepted over the 20 prompts, measured (batch 4): static 26, dynamic 20.
+MIN_ACCEPTED = {"static": 16, "dynamic": 12}
 
 
 @pytest.fixture(scope="module")
@@ -29,5 +31,5 @@ def case(smol_fp32, smol_tok):
 @pytest.mark.parametrize("tree", list(SPECS))
 def test_eagle3_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
-    drafter = EagleTreeDrafter(Eagle3Drafter.from_target(smol_fp32, vocab=recipe_vocab()))
-    check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)
+    drafter = EagleTreeDrafter(echo_drafter(Eagle3Drafter.from_target(smol_fp32, vocab=recipe_vocab())))
+    check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=MIN_ACCEPTED[tree])

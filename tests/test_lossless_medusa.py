@@ -17,6 +17,8 @@ SPECS = {
     "static": TreeSpec("static", default_tree(10, depth=4)),
     "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
 }
+# Draft tokens accepted over the 20 prompts, measured: static 31 (batch 1 and 4), dynamic 24 (batch 4).
+MIN_ACCEPTED = {"static": 20, "dynamic": 15}
 
 
 @pytest.fixture(scope="module")
@@ -30,4 +32,4 @@ def case(smol_fp32, smol_tok):
 def test_medusa_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
     drafter = MedusaDrafter(MedusaHeads.from_target(smol_fp32, num_heads=4, vocab=recipe_vocab()))
-    check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)
+    check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=MIN_ACCEPTED[tree])

@@ -28,5 +28,5 @@ def case(smol_fp32, smol_tok):
 def test_scripted_drafter_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
     drafter = ScriptedDrafter([p + r for p, r in zip(ids, refs, strict=True)], smol_fp32.config.vocab_size)
-    accepted = check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch)
-    assert accepted > 120, "the drafter should be right often enough to exercise long accepted paths"
+    # min_accepted: the drafter should be right often enough to exercise long accepted paths
+    check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=121)

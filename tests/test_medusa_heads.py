@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 from datasets import Dataset
+from tiny_models import tiny_llama
 
 from headway.heads.medusa import MedusaHeads
 from headway.heads.vocab import DraftVocab, build_draft_vocab, coverage
-from headway.target import tiny_llama
 
 
 def rows_dataset():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import tiny_llama
 from train_helpers import reset_accelerate, synthetic_rows
 
 from headway.config import TrainConfig
@@ -12,7 +13,6 @@ from headway.data.features import OnlineFeatures
 from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import Medusa2Objective, MedusaObjective, medusa_head_targets, medusa_loss
 from headway.heads.vocab import DraftVocab
-from headway.target import tiny_llama
 from headway.train.loop import make_accelerator, train
 
 

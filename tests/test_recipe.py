@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from tiny_models import tiny_llama
 
 from headway.data.dataset import META_FILE, check_data_target
-from headway.target import target_fingerprint, tiny_llama
+from headway.target import target_fingerprint
 from headway.train import cache_features, eagle, medusa
 from headway.train.recipe import parse_recipe
 

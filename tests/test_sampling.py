@@ -13,6 +13,7 @@ import itertools
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
 import headway.inference.engine as engine_mod
 from headway.inference.acceptance import accept_sampling, residual
@@ -20,7 +21,6 @@ from headway.inference.drafters import ModelDrafter
 from headway.inference.engine import SpecEngine
 from headway.inference.trees import Tree, TreeSpec, chain
 from headway.sampling import SamplingParams, warp
-from headway.target import tiny_llama
 
 
 @pytest.fixture(autouse=True, scope="module")

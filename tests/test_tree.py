@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
 from headway.inference.drafter import DraftTree
 from headway.inference.drafters import ModelDrafter, layer_skip
@@ -29,7 +30,6 @@ from headway.inference.trees import (
     per_rank,
 )
 from headway.kv import crop
-from headway.target import tiny_llama
 
 # ---------------------------------------------------------------- static trees
 

@@ -47,7 +47,7 @@ def write_dataset(folder: Path, n_train: int, n_val: int, vocab: int) -> Path:
 
 def write_tiny_target(folder: Path, smol_path: Path, hidden_size: int = 64, num_layers: int = 2) -> Path:
     """A random tiny Llama over SmolLM2's vocabulary, with SmolLM2's tokenizer, loadable by load_target."""
-    from headway.target import tiny_llama
+    from tiny_models import tiny_llama
 
     model = tiny_llama(vocab_size=49152, hidden_size=hidden_size, num_layers=num_layers, seed=0)
     model.save_pretrained(folder)
