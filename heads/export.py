@@ -50,6 +50,7 @@ from headway.heads.engine_keys import (
     weight_header,
 )
 from headway.heads.medusa import MedusaHeads, MedusaHeadsConfig
+from headway.target import servable_target
 
 TARGETS = ("vllm", "sglang", "hf")
 EXPORT_BLOCK = "headway_export"
@@ -479,6 +480,7 @@ def _export_hf(ckpt: Checkpoint, out: Path, dtype, report) -> ExportResult:
 
 def serve_command(method: str, engine: str, folder: str, target: str, num_heads: int = 5) -> str:
     """The engine command line that serves `target` with the exported draft in `folder`."""
+    target = servable_target(target)  # a built-in name means nothing to an engine: its folder or Hub id
     if engine == "vllm":
         name = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3"}[method]
         k = num_heads if method == "medusa" else 3

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from headway.cli import run_main
 from headway.heads.engine_keys import ExportError, check_folder, method_of_config, read_config, table_for
 from headway.heads.export import TARGETS, export, read_checkpoint, serve_command, to_headway
 
@@ -96,4 +97,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))
