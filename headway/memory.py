@@ -14,8 +14,8 @@ Here blocks come from the heap (`M_MMAP_MAX` 0) and freed memory at its top is k
 on to its peak memory instead of returning it between steps, and the heap fragments: measured on the
 EAGLE-3 recipe's largest possible batch (8 rows of 1,024 tokens, 512 of them generated), 6.5 GB peak
 resident against 5.3 GB without it, for 85 s of CPU time over 6 steps against 135 s. The peak still
-grows with batch x max_seq_len only, never with the dataset (see README, "Faults"). Elsewhere (macOS,
-musl, Windows) it does nothing. GLIBC_TUNABLES does the same from the shell:
+grows with batch x max_seq_len only, never with the dataset (heads/soft_ce.py, heads/eagle_attention.py,
+data/feature_cache.py ShardFile). Elsewhere (macOS, musl, Windows) it does nothing. GLIBC_TUNABLES does the same from the shell:
 `GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736`.
 """
 
