@@ -93,6 +93,18 @@ def collate(rows, pad_id: int, max_len: int | None = None) -> dict[str, torch.Te
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
 
 
+def row_lengths(ds, max_len: int | None = None, batch_size: int = 4096) -> list[int]:
+    """Every row's token count (cut at max_len), read from Arrow offsets a batch at a time: the ids of the
+    whole split are never turned into Python lists (memory bounded by the batch, not the dataset)."""
+    import pyarrow.compute as pc
+
+    lengths: list[int] = []
+    for batch in ds.select_columns(["input_ids"]).with_format("arrow").iter(batch_size=batch_size):
+        n = pc.list_value_length(batch["input_ids"]).to_numpy()
+        lengths += (n if max_len is None else n.clip(max=max_len)).tolist()
+    return lengths
+
+
 def select_rows(ds, indices: list[int]) -> list[dict]:
     """Rows `indices` of a datasets.Dataset as dicts, each with its `row_index`."""
     cols = ds[indices]

@@ -21,18 +21,21 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from headway.cli import UserError
 from headway.config import Config
 from headway.data.chat import first_turn_ids, next_turn_ids
 from headway.data.dataset import COLUMNS, DATASET_SUBDIR, META_FILE, features
 from headway.data.generate import generate_batch
+from headway.data.prompt_files import validate_sources
 from headway.data.sources import Conversation, load_conversations
-from headway.target import stop_token_ids
+from headway.diff import diff
+from headway.target import context_length, stop_token_ids
 
 SHARDS_SUBDIR = "shards"
 SUMMARY_FILE = "summary.json"
 
 
-class OutputMismatchError(RuntimeError):
+class OutputMismatchError(UserError):
     """The output folder holds data made with another target or other settings."""
 
 
@@ -54,10 +57,10 @@ def check_or_write_meta(out: Path, ident: dict) -> None:
     meta_path = out / META_FILE
     if meta_path.is_file():
         old = json.loads(meta_path.read_text())
-        diffs = _diff(old.get("identity", {}), ident)
+        diffs = diff(old.get("identity", {}), ident)
         if diffs:
             raise OutputMismatchError(
-                f"{out} holds data generated with other settings ({'; '.join(diffs[:5])}). "
+                f"{out} holds data generated with other settings ({'; '.join(map(str, diffs[:5]))}). "
                 "Nothing was changed: choose another data.output_dir, or delete the folder to start over."
             )
         return
@@ -65,15 +68,6 @@ def check_or_write_meta(out: Path, ident: dict) -> None:
         raise OutputMismatchError(f"{out} is not empty and has no {META_FILE}: refusing to write data into it")
     out.mkdir(parents=True, exist_ok=True)
     _write_json(meta_path, {"identity": ident, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
-
-
-def _diff(old, new, prefix="") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new)):
-            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
-        return out
-    return [] if old == new else [f"{prefix.rstrip('.')}: was {old!r}, now {new!r}"]
 
 
 def _write_json(path: Path, obj) -> None:
@@ -90,7 +84,7 @@ class Distiller:
     def __init__(self, cfg: Config, model, tok):
         self.cfg, self.gen, self.model, self.tok = cfg, cfg.data.generation, model, tok
         self.eos_ids = stop_token_ids(model, tok)
-        self.max_context = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        self.max_context = context_length(model)
 
     def run_shard(self, index: int, convs: list[Conversation], first_ids: list[list[int]], on_batch=None) -> dict:
         """Answer every turn of `convs`; return the shard's rows and statistics."""
@@ -179,6 +173,7 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
     from headway.distributed import process_state
     from headway.target import load_target, pick_device, target_fingerprint
 
+    validate_sources(cfg.data)  # a missing or malformed prompt file stops the run before anything loads
     state = process_state(cfg.target.device)
     if model is None:
         # Several processes: each takes its own accelerator (state.device); one: the configured device.
@@ -186,13 +181,12 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
         model, tok = load_target(cfg.target, device=device)
     out = Path(cfg.data.output_dir)
     ident = identity(cfg, fingerprint or target_fingerprint(model, tok, cfg.target.name), model.dtype)
+    shards, prompt_skips = plan(cfg, tok)  # every source read before meta.json: a bad one writes nothing
     if state.is_main_process:
         check_or_write_meta(out, ident)
     state.wait_for_everyone()
     shards_dir = out / SHARDS_SUBDIR
     shards_dir.mkdir(parents=True, exist_ok=True)
-
-    shards, prompt_skips = plan(cfg, tok)
     mine = [k for k in range(len(shards)) if k % state.num_processes == state.process_index]
     todo = [k for k in mine if not (shards_dir / f"shard-{k:05d}.json").is_file()]
     n_answers = sum(sum(len(c.turns) for c, _ in shards[k]) for k in todo)

@@ -223,6 +223,37 @@ def write_cache(
 # ---------------------------------------------------------------- reading
 
 
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64}
+
+
+class ShardFile:
+    """A shard read with plain file reads: exactly the rows asked for. A memory map of the shard would count
+    every page training touched as the process's resident memory until the end (the whole cache, which
+    grows with the dataset); this way reading costs what the batch holds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = path.open("rb")
+        n = int.from_bytes(self.file.read(8), "little")  # safetensors: u64 header size, JSON header, data
+        self.tensors = json.loads(self.file.read(n))
+        self.tensors.pop("__metadata__", None)
+        self.base = 8 + n
+        self.offsets = self.read("offsets", 0, self.tensors["offsets"]["shape"][0])
+
+    def read(self, name: str, a: int, b: int) -> torch.Tensor:
+        """Rows a..b (first dimension) of tensor `name`."""
+        info = self.tensors[name]
+        dtype, inner = _DTYPES[info["dtype"]], info["shape"][1:]
+        row_bytes = math.prod(inner) * dtype.itemsize
+        self.file.seek(self.base + info["data_offsets"][0] + a * row_bytes)
+        data = bytearray(self.file.read((b - a) * row_bytes))
+        if len(data) != (b - a) * row_bytes:
+            raise ValueError(f"feature cache shard {self.path} is cut short: rebuild the cache with --overwrite")
+        if not data:
+            return torch.empty(0, *inner, dtype=dtype)
+        return torch.frombuffer(data, dtype=dtype).reshape(b - a, *inner)
+
+
 class FeatureCache:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -246,8 +277,7 @@ class FeatureCache:
         self.shard_rows = int(self.manifest["shard_rows"])
         self.max_len = int(self.manifest["max_len"])
         self.dtype = getattr(torch, self.manifest["dtype"])
-        self._handles: dict[tuple[str, int], object] = {}
-        self._offsets: dict[tuple[str, int], torch.Tensor] = {}
+        self._handles: dict[tuple[str, int], ShardFile] = {}
 
     @property
     def spec(self) -> FeatureSpec:
@@ -302,18 +332,14 @@ class FeatureCache:
                 f"{where}: features were cut at max_len={self.max_len}, training wants max_len={max_len}"
             )
 
-    def _shard(self, split: str, k: int):
+    def _shard(self, split: str, k: int) -> ShardFile:
         key = (split, k)
         if key not in self._handles:
-            from safetensors import safe_open
-
             path = self.folder / split / f"shard-{k:05d}.safetensors"
             if not path.is_file():
                 raise FileNotFoundError(f"feature cache shard {path} is missing")
-            handle = safe_open(str(path), framework="pt")
-            self._handles[key] = handle
-            self._offsets[key] = handle.get_tensor("offsets")
-        return self._handles[key], self._offsets[key]
+            self._handles[key] = ShardFile(path)
+        return self._handles[key]
 
     def row(self, split: str, index: int, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """The cached features of row `index` of `split`: name -> [length, h]."""
@@ -324,10 +350,10 @@ class FeatureCache:
         n = self.manifest["splits"][split]["num_rows"]
         if not 0 <= index < n:
             raise IndexError(f"row {index} outside the cached {split} split of {n} rows")
-        handle, offsets = self._shard(split, index // self.shard_rows)
+        shard = self._shard(split, index // self.shard_rows)
         local = index % self.shard_rows
-        a, b = int(offsets[local]), int(offsets[local + 1])
-        return {name: handle.get_slice(name)[a:b] for name in (names or _names(self.spec))}
+        a, b = int(shard.offsets[local]), int(shard.offsets[local + 1])
+        return {name: shard.read(name, a, b) for name in (names or _names(self.spec))}
 
     def moments(self) -> FeatureMoments:
         """Feature moments over the train split's generated tokens (merged from every shard)."""

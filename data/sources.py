@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headway.config import DataConfig, SourceConfig
+from headway.data.prompt_files import load_json_rows
 from headway.paths import resolve_path
 
 
@@ -42,7 +43,7 @@ def read_rows(src: SourceConfig) -> list[dict]:
     if path.suffix in (".json", ".jsonl"):
         if not path.is_file():
             raise FileNotFoundError(f"prompt source not found: {path} (data.sources entry with domain {src.domain!r})")
-        ds = load_dataset("json", data_files=str(path), split="train")
+        ds = load_json_rows(path)  # names the file and line of a parse error
     elif path.exists():
         ds = load_dataset(str(path), split=src.split)  # a local dataset folder
     else:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 
+from headway.target import servable_target
+
 
 def serve_command(method: str, engine: str, folder: str, target: str, num_heads: int = 5) -> str:
     """The engine command line that serves `target` with the exported draft in `folder`."""
+    target = servable_target(target)  # a built-in name means nothing to an engine: its folder or Hub id
     if engine == "vllm":
         name = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3"}[method]
         k = num_heads if method == "medusa" else 3

@@ -70,30 +70,63 @@ def eager_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
 
 
+class _SoftmaxTo(torch.autograd.Function):
+    """softmax(x) in fp32, returned in `dtype`; backward reads the returned probabilities, so only they are kept.
+
+    Plain `softmax(dtype=fp32).to(bf16)` keeps the fp32 probabilities for backward and the bf16 copy for
+    the value matmul: 6 bytes per score, where TTT has B x heads x anchors x T scores per unrolled step
+    (1.8 GB over seven steps of the SmolLM2 EAGLE-3 recipe). This keeps the 2 bytes the matmul needs."""
+
+    @staticmethod
+    def forward(ctx, scores, dtype):
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+        ctx.save_for_backward(probs)
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad):
+        (probs,) = ctx.saved_tensors
+        p, g = probs.float(), grad.to(torch.float32, copy=True)
+        dot = torch.matmul(g.unsqueeze(-2), p.unsqueeze(-1)).squeeze(-1)  # sum(g * p), no [.., keys] temporary
+        return g.sub_(dot).mul_(p), None
+
+
+def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype matmuls on `x` run in: autocast's when it is on (bf16 mixed precision), else x's own."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
 def ttt_attention(module, query, key, value, attention_mask, block: int, dropout=0.0, scaling=None):
     """Step i of the unroll: causal block over the T step-0 keys + the diagonal of each later step.
 
     Queries: Q anchors (Q = T at step 0; steps >= 1 may run on a gathered subset of anchors). Keys: the
     T step-0 keys, then Q keys per later step in the same anchor order. `attention_mask` [B, 1, Q, T]
-    is the causal/padding block of those anchors' rows.
+    is the causal/padding block of those anchors' rows. Memory per step is what backward needs and no
+    more: inputs cast once to the matmul dtype (as autocast would, per matmul), key/value heads shared by
+    their query group instead of repeated, probabilities kept once in the matmul dtype (`_SoftmaxTo`).
     """
-    T, Q = block, query.shape[2]
+    T, (B, H, Q, D) = block, query.shape
     if key.shape[2] < T or (key.shape[2] - T) % Q:
         raise ValueError(f"TTT attention: {Q} queries and {key.shape[2]} keys for a step-0 block of {T}")
-    later = (key.shape[2] - T) // Q
-    groups = query.shape[1] // key.shape[1]
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    scores = [torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling + attention_mask[..., :T]]
+    later, kv_heads, out_dtype = (key.shape[2] - T) // Q, key.shape[1], query.dtype
+    dtype = _matmul_dtype(query)
+    q = query.to(dtype).reshape(B, kv_heads, H // kv_heads, Q, D)  # [B, kv heads, group, Q, D]
+    key, value = key.to(dtype), value.to(dtype)
+    scaling = D**-0.5 if scaling is None else scaling
+    block_scores = torch.matmul(q.flatten(2, 3), key[:, :, :T].transpose(2, 3)).view(B, H, Q, T)
+    scores = [block_scores * scaling + attention_mask[..., :T]]
     for j in range(later):  # step j+1's key at the query's own anchor only
-        k_j = key[:, :, T + j * Q : T + (j + 1) * Q]
-        scores.append((query * k_j).sum(-1, keepdim=True) * scaling)
-    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
+        k_j = key[:, :, None, T + j * Q : T + (j + 1) * Q]
+        scores.append((q * k_j).sum(-1).view(B, H, Q, 1) * scaling)
+    probs = _SoftmaxTo.apply(torch.cat(scores, dim=-1), dtype)
     probs = F.dropout(probs, p=dropout, training=module.training)
-    out = torch.matmul(probs[..., :T], value[:, :, :T])
+    grouped = probs.view(B, kv_heads, H // kv_heads, Q, T + later)
+    out = torch.matmul(grouped[..., :T].flatten(2, 3), value[:, :, :T]).view(B, H, Q, D).float()
     for j in range(later):
-        out = out + probs[..., T + j : T + j + 1] * value[:, :, T + j * Q : T + (j + 1) * Q]
-    return out.transpose(1, 2).contiguous(), None
+        v_j = value[:, :, None, T + j * Q : T + (j + 1) * Q]
+        out = out + (grouped[..., T + j : T + j + 1] * v_j).view(B, H, Q, D)
+    return out.to(torch.promote_types(out_dtype, value.dtype)).transpose(1, 2).contiguous(), None
 
 
 def eagle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

@@ -30,6 +30,7 @@ from torch import nn
 from headway.features import FeatureSpec, TargetFeatures
 from headway.heads.base import LossOutput, next_token_probs, shift_left
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter, eagle_feature_spec
+from headway.heads.soft_ce import projected_soft_ce
 
 
 @dataclass
@@ -116,10 +117,10 @@ class EagleObjective(nn.Module):
         T = row.shape[1]
         return row.gather(1, (u.index + 1 + step).clamp(max=T - 1))[m]
 
-    def _step_metrics(self, metrics, i, logits, labels, ce) -> None:
+    def _step_metrics(self, metrics, i, draft_pred, labels, ce) -> None:
         """acc over all counted pairs of step i (same keys for every batch: the loop averages across ranks)."""
         n = torch.tensor(float(labels.numel()), device=labels.device)
-        pred = self.drafter.to_target_ids(logits.argmax(-1))
+        pred = self.drafter.to_target_ids(draft_pred)
         metrics[f"pairs_step{i + 1}"] = n
         metrics[f"acc_step{i + 1}"] = (pred == labels).float().sum().detach() / n.clamp_min(1)
         metrics[f"ce_step{i + 1}"] = ce.detach().float()
@@ -149,7 +150,7 @@ class Eagle1Objective(EagleObjective):
             logits = d.logits(pred)
             target = probs[self._rows_for_step(u, row, i, m)]
             ce = F.cross_entropy(logits.float(), target, reduction="sum") / n
-            self._step_metrics(metrics, i, logits, u.take(al.labels)[m], ce)
+            self._step_metrics(metrics, i, logits.argmax(-1), u.take(al.labels)[m], ce)
             if i == 0:
                 target_z = u.take(shift_left(z, 1))[m]
                 feat = F.smooth_l1_loss(pred.float(), target_z.float(), reduction="sum") / (
@@ -213,13 +214,12 @@ class Eagle3Objective(EagleObjective):
             m = u.take(al.mask) & u.valid
             labels = u.take(al.labels)[m]
             in_vocab = d.t2d[labels]
-            logits = d.logits(u.hidden[m])
-            target = probs[self._rows_for_step(u, row, i, m)[in_vocab]]
-            ce = F.cross_entropy(
-                logits[in_vocab].float(), target, reduction="sum"
-            ) / in_vocab.sum().clamp_min(1)
+            rows = self._rows_for_step(u, row, i, m).masked_fill(~in_vocab, -1)  # out of vocabulary: no loss
+            # d.logits(h) = lm_head(norm(h)); the projection and its CE never keep [pairs, vocab] for backward
+            ce_sum, pred = projected_soft_ce(d.norm(u.hidden[m]), d.lm_head.weight, probs, rows)
+            ce = ce_sum / in_vocab.sum().clamp_min(1)
             loss = loss + cfg.step_decay**i * ce
-            self._step_metrics(metrics, i, logits, labels, ce)
+            self._step_metrics(metrics, i, pred, labels, ce)
             metrics[f"in_vocab_step{i + 1}"] = in_vocab.float().sum().detach() / max(1, in_vocab.numel())
         return LossOutput(loss=loss, metrics=metrics)
 

@@ -6,11 +6,15 @@
 A YAML may start with `base: other.yaml` (relative to its own folder); its keys are
 merged under the file's own, so the data mix lives once and every recipe inherits it.
 Unknown keys, missing required keys and wrong types are errors that name the key and file.
+Values are read by the key's declared type: only `true`/`false` are booleans when the YAML is read
+(`mixed_precision: no` is the string "no"), a bool key also takes yes/no/on/off, and an override of a
+string key takes its text as written (`eval.output_dir=2024`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -203,6 +207,27 @@ class Config:
 # ---------------------------------------------------------------- loading
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML with only true/false as booleans: YAML 1.1 also reads yes/no/on/off as booleans."""
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_BOOL_WORDS = {"yes": True, "no": False, "on": True, "off": False, "true": True, "false": False}
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+
+
+class _OverrideText(str):
+    """A command-line value: read as YAML for typed keys, taken as written for string keys."""
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None, schema: type = Config) -> Any:
     """Read a YAML (following `base:`), apply `section.key=value` overrides, build the dataclass."""
     path = Path(path)
@@ -221,7 +246,7 @@ def _read_yaml_with_base(path: Path, seen: tuple[Path, ...]) -> dict:
     if path.resolve() in seen:
         raise ConfigError(f"{path}: `base:` chain loops back to itself")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = _yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
@@ -250,12 +275,14 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
         node = node.setdefault(k, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {item!r}: {k!r} is not a section in {path}")
-    node[keys[-1]] = yaml.safe_load(value) if value.strip() else None
+    node[keys[-1]] = _OverrideText(value) if value.strip() else None
 
 
 def from_dict(cls: type, data: Any, where: str, key: str = "") -> Any:
     """Build dataclass `cls` from `data`, naming the key and file on any mismatch."""
     label = key or "<top level>"
+    if isinstance(data, _OverrideText):
+        data = _parse_override(data, where, label)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -287,11 +314,39 @@ def _type_name(tp: Any) -> str:
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
+def _parse_override(text: str, where: str, key: str) -> Any:
+    try:
+        return _yaml(text)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", e)
+        raise ConfigError(f"{where}: override of {key!r}: {text!r} is not valid YAML ({problem})") from e
+
+
+def _takes_text(tp: Any, text: str) -> bool:
+    """Whether `tp` accepts `text` as a string (str, a Literal naming it, a union with either)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_text(arm, text) for arm in typing.get_args(tp))
+    if origin is Literal:
+        return text in typing.get_args(tp)
+    return tp in (str, Any)
+
+
 def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
+    if isinstance(value, _OverrideText):
+        text = str(value)
+        try:
+            return _coerce(tp, _parse_override(text, where, key), where, key)
+        except ConfigError:
+            if _takes_text(tp, text):
+                return text
+            raise
     origin = typing.get_origin(tp)
     err = ConfigError(f"{where}: key {key!r} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})")
     if origin in (typing.Union, types.UnionType):
         for arm in typing.get_args(tp):
+            if dataclasses.is_dataclass(arm) and isinstance(value, dict):
+                return from_dict(arm, value, where, key)  # a section: its own error names the inner key
             try:
                 return _coerce(arm, value, where, key)
             except ConfigError:
@@ -315,6 +370,8 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.lower()]
         raise err
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):

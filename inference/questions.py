@@ -1,6 +1,7 @@
 """Evaluation questions in the Spec-Bench format (`question_id`, `category`, `turns`), grouped by domain.
 
     qs = load_questions("data/prompts/spec_bench/question.jsonl", per_domain=10)
+    qs, skipped = skip_long_questions(qs, prompt_len, max_new_tokens=128, context=8192)   # skipped: per domain
 
 MT-bench's eight sub-categories (writing, roleplay, reasoning, math, coding, extraction, stem,
 humanities) form one domain, `multi_turn`; with `per_domain` they are taken round-robin across the
@@ -10,6 +11,8 @@ sub-categories (the file lists ten writing rows first). Every other category is 
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,3 +65,18 @@ def load_questions(path: str | Path, per_domain: int | None = None) -> list[Ques
                     taken.append(q.pop(0))
         out += taken
     return out
+
+
+def skip_long_questions(
+    questions: list[Question], prompt_len: Callable[[Question], int], max_new_tokens: int, context: int
+) -> tuple[list[Question], Counter]:
+    """The questions whose first turn + max_new_tokens fits the target's context, and per domain how many did
+    not: like data generation, a prompt is skipped and counted, never truncated (nor run past the positions
+    the target knows, which would cost minutes for garbage)."""
+    kept, skipped = [], Counter()
+    for q in questions:
+        if prompt_len(q) + max_new_tokens > context:
+            skipped[q.domain] += 1
+        else:
+            kept.append(q)
+    return kept, skipped

@@ -9,6 +9,8 @@ Definitions (what `report.json` holds per domain and `overall`):
   pld_speedup are spec (or prompt-lookup) tokens/s over plain tokens/s. In bf16 the methods may emit
   answers of different lengths, so a ratio of total times would mislead.
 - identical_to_ar: prompts (all turns) whose output equals plain decoding token for token.
+- skipped_prompts: questions not run because first turn + max_new_tokens exceeds the target's context;
+  dropped_turns: later turns not run for the same reason (the earlier turns count).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class PromptResult:
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per verification
     identical: bool | None = None  # None when sampling (no token-for-token reference)
     timings: dict[str, float] = field(default_factory=dict)  # engine seconds per phase
+    dropped_turns: int = 0  # later turns beyond the target's context, not run
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -78,19 +81,39 @@ def summarize(results: list[PromptResult], depth: int) -> dict:
         if steps
         else {},
         "prefill_ms_per_turn": round(1000 * phases.get("prefill", 0.0) / turns, 3) if turns else None,
+        "dropped_turns": sum(r.dropped_turns for r in results),
     }
 
 
-def build_report(results: list[PromptResult], depth: int, meta: dict) -> dict:
+def build_report(
+    results: list[PromptResult], depth: int, meta: dict, skipped: dict[str, int] | None = None
+) -> dict:
+    """`skipped`: per domain, the questions not run (too long for the target's context)."""
+    skipped = skipped or {}
     domains = {}
     for r in results:
         domains.setdefault(r.domain, []).append(r)
+    for d in skipped:
+        domains.setdefault(d, [])
+    summaries = {d: {**summarize(rs, depth), "skipped_prompts": skipped.get(d, 0)} for d, rs in domains.items()}
     return {
         **meta,
-        "overall": summarize(results, depth),
-        "domains": {d: summarize(rs, depth) for d, rs in domains.items()},
+        "overall": {**summarize(results, depth), "skipped_prompts": sum(skipped.values())},
+        "domains": summaries,
         "prompts": [asdict(r) for r in results],
     }
+
+
+def skipped_line(report: dict) -> str:
+    """Questions and later turns left out for the target's context, per domain ("" when none)."""
+    parts = []
+    for name, s in report["domains"].items():
+        n, t = s.get("skipped_prompts", 0), s.get("dropped_turns", 0)
+        if n or t:
+            parts.append(f"{name}: {n} prompts" + (f", {t} later turns" if t else ""))
+    if not parts:
+        return ""
+    return "- skipped (prompt + max_new_tokens beyond the target's context): " + "; ".join(parts)
 
 
 def _fmt(x, spec="{:.2f}") -> str:
@@ -134,6 +157,7 @@ def markdown(report: dict) -> str:
         f"- sampling: {json.dumps(report.get('sampling'))}, max_new_tokens {report.get('max_new_tokens')}",
         f"- verify cost (forward over k new tokens / one token): {cost_line}",
         f"- engine time per verification step (ms): {json.dumps(o.get('ms_per_step'))}",
+        *([skipped_line(report)] if skipped_line(report) else []),
         "",
         table(report),
         "",

@@ -5,7 +5,8 @@ The command-line face of `headway.train.cache_features`: `python scripts/cache_f
 
 import sys
 
+from headway.cli import run_main
 from headway.train.cache_features import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

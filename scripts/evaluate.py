@@ -5,7 +5,8 @@ The command-line face of `headway.inference.evaluate`: `python scripts/evaluate.
 
 import sys
 
+from headway.cli import run_main
 from headway.inference.evaluate import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from headway.cli import run_main
 from headway.export.check import check_folder, read_config
 from headway.export.checkpoint import read_checkpoint
 from headway.export.engine_keys import ExportError, method_of_config, table_for
@@ -100,4 +101,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -10,21 +10,19 @@ Interrupt it at any time: a rerun with the same settings resumes from the finish
 import argparse
 import sys
 
-from headway.config import ConfigError, load_config
-from headway.data.distill import OutputMismatchError, distill
+from headway.cli import run_main
+from headway.config import load_config
+from headway.data.distill import distill
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True)
     ap.add_argument("overrides", nargs="*", help="section.key=value")
-    args = ap.parse_args()
-    try:
-        cfg = load_config(args.config, args.overrides)
-        distill(cfg)
-    except (ConfigError, OutputMismatchError, FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: {e}")
+    args = ap.parse_intermixed_args(argv)
+    distill(load_config(args.config, args.overrides))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

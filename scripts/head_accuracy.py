@@ -5,7 +5,8 @@ The command-line face of `headway.inference.head_accuracy`: `python scripts/head
 
 import sys
 
+from headway.cli import run_main
 from headway.inference.head_accuracy import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from headway.data.feature_cache import StaleCacheError
+from headway.cli import run_main
 from headway.distributed import wants_cpu
 from headway.memory import keep_freed_cpu_memory
 from headway.target import load_target
@@ -50,20 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or head.settings(cfg).feature_cache_dir
     if not out:
         ap.error(f"{args.config}: set {head.section}.feature_cache_dir (or pass --out)")
-    try:
-        if args.overwrite and Path(out).exists():
-            shutil.rmtree(out)
-        if wants_cpu(cfg.target.device):
-            keep_freed_cpu_memory()  # reuse freed activations between forwards (see headway/memory.py)
-        target, tok = load_target(cfg.target)
-        spec = head.feature_spec(cfg, target)
-        ds = load_checked_data(cfg, target, tok)
-        report = build_feature_cache(
-            cfg, target, tok, ds, spec, out, batch_size=args.batch_size, shard_rows=args.shard_rows
-        )
-    except (StaleCacheError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    if args.batch_size < 1 or args.shard_rows < 1:
+        ap.error(f"--batch-size and --shard-rows must be at least 1, got {args.batch_size} and {args.shard_rows}")
+    if args.overwrite and Path(out).exists():
+        shutil.rmtree(out)
+    if wants_cpu(cfg.target.device):
+        keep_freed_cpu_memory()  # reuse freed activations between forwards (see headway/memory.py)
+    target, tok = load_target(cfg.target)
+    spec = head.feature_spec(cfg, target)
+    ds = load_checked_data(cfg, target, tok)
+    report = build_feature_cache(
+        cfg, target, tok, ds, spec, out, batch_size=args.batch_size, shard_rows=args.shard_rows
+    )
     gib = report.bytes_on_disk / 2**30
     print(f"features: layers {list(spec.layers)} final_normed={spec.final_normed} -> {report.folder}")
     print(
@@ -79,4 +77,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

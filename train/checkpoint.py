@@ -4,9 +4,13 @@
         model.safetensors        trainable weights only (a frozen target is not copied into every checkpoint)
         optimizer.bin, scheduler.bin, random_states_{rank}.pkl
         trainer_state.json       step, epoch, batch position, trainable-weight signature
-        COMPLETE                 written last: a checkpoint without it was cut off and is ignored
+        run_settings.json        the run's settings (train/resume.py compares them on resume)
+        COMPLETE                 written last, with every file's size: without it the checkpoint is ignored
 
-Rotation keeps the newest `keep` complete checkpoints.
+A checkpoint is written into `saving-step-N/` and renamed to `step-N/` when complete, so a kill during a
+save leaves no half folder (nor the safetensors writer's temporary file) among the checkpoints; the
+leftover is removed at the next start. Rotation keeps the newest `keep` complete checkpoints and drops any
+newer than the one just saved (an abandoned run's, after a fallback or train.resume=never).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import nn
 STATE_FILE = "trainer_state.json"
 COMPLETE_MARKER = "COMPLETE"
 PREFIX = "step-"
+STAGING = "saving-"  # + the checkpoint's name, while it is being written
 
 
 @dataclass
@@ -63,11 +68,42 @@ def write_state(folder: Path, state: TrainerState) -> None:
     (folder / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
 
 
+def staging_dir(root: Path, step: int) -> Path:
+    return root / (STAGING + checkpoint_dir(root, step).name)
+
+
+def clean_staging(root: Path) -> None:
+    """Remove what a save cut off by a kill left behind."""
+    for p in root.glob(f"{STAGING}*") if root.is_dir() else []:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def publish(staging: Path, final: Path) -> None:
+    """Move a complete staged checkpoint to its name (replacing an abandoned run's checkpoint of that step)."""
+    if final.exists():
+        shutil.rmtree(final)
+    staging.rename(final)
+
+
 def mark_complete(folder: Path) -> None:
-    (folder / COMPLETE_MARKER).write_text("ok\n")
+    """Written last: the size of every file, so a file cut short later is found before it is loaded."""
+    sizes = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    (folder / COMPLETE_MARKER).write_text(json.dumps({"files": sizes}, indent=1) + "\n")
 
 
-def rotate(root: Path, keep: int) -> None:
+def recorded_sizes(folder: Path) -> dict[str, int]:
+    """The file sizes the COMPLETE marker recorded ({} for checkpoints from before it recorded them)."""
+    try:
+        return json.loads((folder / COMPLETE_MARKER).read_text()).get("files", {})
+    except (json.JSONDecodeError, AttributeError):
+        return {}
+
+
+def rotate(root: Path, keep: int, current: int | None = None) -> None:
+    if current is not None:
+        for p in root.glob(f"{PREFIX}*"):
+            if int(p.name[len(PREFIX) :]) > current:
+                shutil.rmtree(p, ignore_errors=True)
     found = complete_checkpoints(root)
     for old in found[: max(0, len(found) - max(1, keep))]:
         shutil.rmtree(old, ignore_errors=True)

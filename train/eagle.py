@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from headway.cli import run_main
 from headway.config import Config
 from headway.data.dataset import collate, select_rows
 from headway.data.feature_stats import FeatureMoments, generated_mask
@@ -168,4 +169,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -33,30 +33,42 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from headway.cli import UserError
 from headway.config import TrainConfig
-from headway.data.dataset import default_collate, select_rows
+from headway.data.dataset import default_collate, row_lengths, select_rows
 from headway.distributed import wants_cpu
 from headway.features import TargetFeatures
-from headway.memory import keep_freed_cpu_memory
+from headway.memory import keep_freed_cpu_memory, peak_memory
 from headway.train.checkpoint import (
     TrainerState,
     checkpoint_dir,
+    clean_staging,
     latest_checkpoint,
     mark_complete,
+    publish,
     read_state,
     rotate,
+    staging_dir,
     trainable_signature,
     write_state,
 )
 from headway.train.data_order import DataOrder
 from headway.train.optim import build_optimizer, build_scheduler, default_param_groups
+from headway.train.resume import (
+    applied_note,
+    check_settings,
+    choose_checkpoint,
+    run_settings,
+    truncate_log,
+    write_settings,
+)
 
 FeatureSource = Callable[[dict[str, torch.Tensor]], TargetFeatures]
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "train_summary.json"
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError):
     """The loss (or gradient norm) became NaN/inf; the run stopped without saving over good checkpoints."""
 
 
@@ -66,6 +78,7 @@ class TrainResult:
     output_dir: Path
     val_metrics: dict[str, float] = field(default_factory=dict)
     resumed_from: Path | None = None
+    peak_memory: dict[str, float] = field(default_factory=dict)  # GB: resident (CPU), and CUDA allocated
 
 
 # ---------------------------------------------------------------- setup
@@ -145,7 +158,7 @@ def train(
     for name, ds in (("train", train_rows), ("validation", val_rows)):
         if ds is not None and not {"input_ids", "loss_mask"} <= set(ds.column_names):
             raise ValueError(f"the {name} split needs columns input_ids and loss_mask, has {ds.column_names}")
-    lengths = [min(len(x), cfg.max_seq_len) for x in train_rows["input_ids"]]
+    lengths = row_lengths(train_rows, cfg.max_seq_len)
     order = DataOrder(lengths, cfg.batch_size, world, rank, cfg.seed, cfg.group_by_length)
     if cfg.max_steps is not None:
         total_steps = cfg.max_steps
@@ -176,8 +189,16 @@ def train(
     accelerator.register_save_state_pre_hook(keep_trainable_only)
 
     state = TrainerState(signature=signature)
-    resumed_from = latest_checkpoint(ckpt_root) if cfg.resume == "auto" else None
+    settings = run_settings(run_config or {"train": asdict(cfg)}, train_rows)
+    resumed_from = None
+    if cfg.resume == "auto":
+        resumed_from, damaged = choose_checkpoint(ckpt_root)
+        for line in damaged:
+            accelerator.print(f"warning: {line}: falling back to {resumed_from} (train.resume=never starts over)")
     if resumed_from is not None:
+        applied = check_settings(resumed_from, settings, out_dir)
+        if applied:
+            accelerator.print(applied_note(resumed_from, applied))
         saved = read_state(resumed_from)
         if saved.signature != signature:
             raise ValueError(
@@ -198,6 +219,9 @@ def train(
         )
     if main and run_config is not None:
         (out_dir / "run_config.json").write_text(json.dumps(run_config, indent=2, default=str) + "\n")
+    if main:
+        clean_staging(ckpt_root)
+        truncate_log(out_dir / METRICS_FILE, state.step)  # later steps are trained, and logged, again
 
     def to_device(batch: dict) -> dict:
         return {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -211,13 +235,15 @@ def train(
         return bool(accelerator.gather(flag.int()).all()) if world > 1 else bool(flag)
 
     def save_checkpoint() -> None:
-        folder = checkpoint_dir(ckpt_root, state.step)
-        accelerator.save_state(str(folder))
+        staging = staging_dir(ckpt_root, state.step)  # renamed to step-N when complete: no half step-N
+        accelerator.save_state(str(staging))
         accelerator.wait_for_everyone()
         if main:
-            write_state(folder, state)
-            mark_complete(folder)
-            rotate(ckpt_root, cfg.keep_checkpoints)
+            write_state(staging, state)
+            write_settings(staging, settings)
+            mark_complete(staging)
+            publish(staging, checkpoint_dir(ckpt_root, state.step))
+            rotate(ckpt_root, cfg.keep_checkpoints, current=state.step)
         accelerator.wait_for_everyone()
 
     def log(metrics: dict[str, float], kind: str) -> None:
@@ -231,7 +257,7 @@ def train(
         if val_rows is None or len(val_rows) == 0:
             return {}
         n_rows = len(val_rows) if cfg.max_eval_rows is None else min(len(val_rows), cfg.max_eval_rows)
-        val_lengths = [min(len(x), cfg.max_seq_len) for x in val_rows.select(range(n_rows))["input_ids"]]
+        val_lengths = row_lengths(val_rows.select(range(n_rows)), cfg.max_seq_len)
         val_order = DataOrder(val_lengths, cfg.batch_size, world, rank, shuffle=False)
         sums: dict[str, torch.Tensor] = {}
         model.eval()
@@ -249,6 +275,7 @@ def train(
     rows_log = (out_dir / f"rows_rank{rank}.jsonl") if cfg.log_row_ids else None
     if rows_log is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
+        truncate_log(rows_log, state.step)
     model.train()
     epoch_batches = order.batches(state.epoch)
     interval: dict[str, torch.Tensor] = {}
@@ -331,14 +358,16 @@ def train(
     val_metrics = evaluate()
     log(val_metrics, "validation")
     save_checkpoint()
+    peak = peak_memory(accelerator.device)
     if main:
         accelerator.unwrap_model(model).objective.save_pretrained(out_dir)
         summary = {"step": state.step, "tokens_seen": state.tokens_seen, "world_size": world, **val_metrics}
+        summary.update({f"peak_{k}_gb": v for k, v in peak.items()})
         (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         accelerator.print("validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(val_metrics.items())))
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    return TrainResult(step=state.step, output_dir=out_dir, val_metrics=val_metrics, resumed_from=resumed_from)
+    return TrainResult(state.step, out_dir, val_metrics, resumed_from, peak)
 
 
 # ---------------------------------------------------------------- helpers

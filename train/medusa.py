@@ -20,6 +20,7 @@ import sys
 
 from torch import nn
 
+from headway.cli import run_main
 from headway.config import Config
 from headway.features import FeatureSpec
 from headway.heads.medusa import MedusaHeads
@@ -85,4 +86,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -31,8 +31,10 @@ from headway.data.feature_cache import MANIFEST, CacheReport, FeatureCache, with
 from headway.data.features import BatchFeatures, FeatureSource, OnlineFeatures
 from headway.features import FeatureSpec
 from headway.heads.vocab import DraftVocab, build_draft_vocab, coverage
+from headway.memory import format_peak
 from headway.target import load_target, target_fingerprint
 from headway.train.loop import NonFiniteLossError, TrainResult, make_accelerator, train
+from headway.train.resume import refuse_early
 
 # The one command that builds a feature cache, for every offline recipe; every hint names exactly it.
 CACHE_COMMAND = "python scripts/cache_features.py --config <recipe>"
@@ -204,6 +206,8 @@ def run_recipe(head: HeadRecipe, argv: list[str] | None, doc: str) -> int:
     problem = head.check(cfg)
     if problem:
         parser.error(f"{args.config}: {problem}")
+    if cfg.train.resume == "auto":
+        refuse_early(cfg.train.output_dir, asdict(cfg))  # a resume with changed settings, before anything loads
 
     tc = cfg.train
     accelerator = make_accelerator(tc, find_unused_parameters=head.find_unused_parameters(cfg), device=cfg.target.device)
@@ -231,4 +235,5 @@ def run_recipe(head: HeadRecipe, argv: list[str] | None, doc: str) -> int:
         accelerator.print(f"error: {err}")
         return 1
     accelerator.print(head.summary(cfg, result))
+    accelerator.print(format_peak(result.peak_memory))
     return 0
