@@ -69,6 +69,7 @@ _RST = [
     (re.compile(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])"), r"\1"),
     (re.compile(r"\|([\w-]+)\|"), r"\1"),
     (re.compile(r"\\ "), ""),
+    (re.compile(r"(?<=\w)\\s\b"), "s"),  # :term:`iterator`\s
     (re.compile(r"""\\(['"*`_|<>])"""), r"\1"),  # escaped markup characters
     (re.compile(r"\s*::$"), ":"),
     (re.compile(r"\s+"), " "),
