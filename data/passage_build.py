@@ -72,14 +72,19 @@ _RST = [
     (re.compile(r"(?<=\w)\\s\b"), "s"),  # :term:`iterator`\s
     (re.compile(r"""\\(['"*`_|<>])"""), r"\1"),  # escaped markup characters
     (re.compile(r"\s*::$"), ":"),
-    (re.compile(r"\s+"), " "),
 ]
+_SPACE = re.compile(r"\s+")
+
+
+def substitute(text: str, rules) -> str:
+    """`text` through each (pattern, replacement) of `rules` in turn, white space folded."""
+    for pattern, repl in rules:
+        text = pattern.sub(repl, text)
+    return _SPACE.sub(" ", text).strip()
 
 
 def clean_rst(text: str) -> str:
-    for pattern, repl in _RST:
-        text = pattern.sub(repl, text)
-    return text.strip()
+    return substitute(text, _RST)
 
 
 def is_heading(text: str) -> bool:
@@ -111,20 +116,16 @@ def po_rows(repo: str, commit: str, lang: str, prefixes: list[str]) -> list[dict
 
 
 _MD = [
-    (re.compile(r"!\[[^\]]*\]\([^)]*\)"), ""),  # images
-    (re.compile(r"\[([^\]]+)\]\([^)]*\)"), r"\1"),  # links
+    (re.compile(r"!?\[([^\]]*)\]\([^)]*\)"), r"\1"),  # links and images: their text
     (re.compile(r"\*\*([^*]+)\*\*"), r"\1"),
     (re.compile(r"(?<!\w)[*_]([^*_\s][^*_]*)[*_](?!\w)"), r"\1"),
     (re.compile(r"`([^`]+)`"), r"\1"),
     (re.compile(r"<[^>]+>"), ""),
-    (re.compile(r"\s+"), " "),
 ]
 
 
 def clean_markdown(text: str) -> str:
-    for pattern, repl in _MD:
-        text = pattern.sub(repl, text)
-    return text.strip()
+    return substitute(text, _MD)
 
 
 def md_rows(repo: str, commit: str, lang: str, prefixes: list[str]) -> list[dict]:
