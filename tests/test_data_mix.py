@@ -160,14 +160,14 @@ def test_follow_up_turns_are_written_after_the_targets_answer(tmp_path, smol_tok
     assert any(f"user\n{convs[0][0]}<|im_end|>\n<|im_start|>assistant\n" in p for p in follow_prompts)
 
 
-def test_writer_on_the_real_target_is_seeded(tmp_path, smol_tok, smol_fp32, monkeypatch):
-    monkeypatch.setattr(magpie, "ROWS", 6)
-    src = SourceConfig(domain="chat", kind="self_written", num_prompts=2, max_tokens=48, min_words=2, max_words=60)
-    data = DataConfig(output_dir=str(tmp_path), seed=0)
-    a = PromptWriter(smol_fp32, smol_tok, tmp_path / "a", data, log=lambda *_: None)(src, "chat", 2)
-    b = PromptWriter(smol_fp32, smol_tok, tmp_path / "b", data, log=lambda *_: None)(src, "chat", 2)
-    assert a == b and len(a) == 2
-    for (text,) in a:
+@pytest.mark.real_target
+def test_the_real_target_writes_clean_user_turns(tmp_path, smol_tok, smol_fp32, monkeypatch):
+    monkeypatch.setattr(magpie, "ROWS", 4)
+    src = SourceConfig(domain="chat", kind="self_written", num_prompts=2, max_tokens=40, min_words=2, max_words=60)
+    writer = PromptWriter(smol_fp32, smol_tok, tmp_path, DataConfig(seed=0), log=lambda *_: None)
+    convs = writer(src, "chat", 2)
+    assert len(convs) == 2, writer.skipped
+    for (text,) in convs:
         assert text == text.strip() and "<|im" not in text and 2 <= len(text.split()) <= 60
 
 
