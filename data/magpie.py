@@ -57,7 +57,7 @@ def user_turn_prefix(tok, history: list[dict] = (), system: str | None = None) -
 
 
 class TurnFilter:
-    """Why a written turn is unusable (None: keep it); remembers what it kept, to refuse duplicates."""
+    """Why a written turn is unusable (None: usable); `keep` remembers a turn, to refuse its duplicates."""
 
     def __init__(self, src: SourceConfig):
         self.src, self.seen, self.overlap = src, set(), eval_overlap()
@@ -75,8 +75,10 @@ class TurnFilter:
             return "duplicate (after normalising case and punctuation)"
         if self.overlap.hits(text):
             return "shares a 13-word window with an evaluation question"
-        self.seen.add(key)
         return None
+
+    def keep(self, text: str) -> None:
+        self.seen.add(" ".join(words(text)))
 
 
 class PromptWriter:
@@ -108,40 +110,41 @@ class PromptWriter:
         if progress_path.is_file():
             state = json.loads(progress_path.read_text())
             self.log(f"{name}: resuming self-written prompts ({len(state['first'])} of {n} first turns written)")
-        rejected, keep = Counter(state["rejected"]), TurnFilter(src)
+        rejected, turns = Counter(state["rejected"]), TurnFilter(src)
         for t in state["first"]:
-            keep.reason(t)
+            turns.keep(t)
         prefix, closing = user_turn_prefix(self.tok, system=src.task)
         prefix_ids = self.tok(prefix, add_special_tokens=False)["input_ids"]
         max_calls = math.ceil(MAX_TRIES * n / ROWS)
         while len(state["first"]) < n and state["calls"] < max_calls:
             seed = self._seed(name, "first", state["calls"])
             for text in self._sample([prefix_ids] * ROWS, closing, src, seed):
-                why = keep.reason(text)
+                why = turns.reason(text)
                 rejected.update([why] if why else [])
                 if not why and len(state["first"]) < n:
                     state["first"].append(text)
+                    turns.keep(text)
             state["calls"] += 1
             state["rejected"] = dict(rejected)
             _save(progress_path, state)
         if src.turns > 1:
-            self._follow_ups(src, name, state, keep, rejected, progress_path)
+            self._follow_ups(src, name, state, turns, rejected, progress_path)
         convs = state["conversations"] if src.turns > 1 else [[t] for t in state["first"]]
         _save(done, {"conversations": convs, "rejected": dict(rejected)})
         progress_path.unlink(missing_ok=True)
         self.log(f"{name}: {len(convs)} self-written conversations ({sum(rejected.values())} written turns dropped)")
 
-    def _follow_ups(self, src, name, state, keep: TurnFilter, rejected: Counter, progress_path: Path) -> None:
+    def _follow_ups(self, src, name, state, turns: TurnFilter, rejected: Counter, progress_path: Path) -> None:
         """Answer each conversation, then let the target write the next user turn; ROWS conversations a step."""
         for t in (t for c in state["conversations"] for t in c[1:]):
-            keep.reason(t)
+            turns.keep(t)
         for b in range(len(state["conversations"]), len(state["first"]), ROWS):
             chats = [[{"role": "user", "content": t}] for t in state["first"][b : b + ROWS]]
             for turn in range(1, src.turns):
                 live = [c for c in chats if c[-1]["role"] == "user"]  # the last follow-up was written
                 for c, answer in zip(live, self._answer(live, self._seed(name, f"answer{turn}", b)), strict=True):
                     c.append({"role": "assistant", "content": answer})
-                for c, text in zip(live, self._follow_up_turns(live, src, name, f"{turn}:{b}", keep, rejected), strict=True):
+                for c, text in zip(live, self._follow_up_turns(live, src, name, f"{turn}:{b}", turns, rejected), strict=True):
                     if text is not None:
                         c.append({"role": "user", "content": text})
             state["conversations"] += [[m["content"] for m in c if m["role"] == "user"] for c in chats]
@@ -160,7 +163,7 @@ class PromptWriter:
         )
         return [self.tok.decode(_without_stop(a, self.answer_stops), skip_special_tokens=True).strip() for a in out]
 
-    def _follow_up_turns(self, chats, src, name, step: str, keep: TurnFilter, rejected: Counter) -> list[str | None]:
+    def _follow_up_turns(self, chats, src, name, step: str, turns: TurnFilter, rejected: Counter) -> list[str | None]:
         """The next user turn of each conversation (ending with an answer); None where no try was usable."""
         prefixes = [user_turn_prefix(self.tok, c, src.task) for c in chats]
         ids = [self.tok(p, add_special_tokens=False)["input_ids"] for p, _ in prefixes]
@@ -171,9 +174,11 @@ class PromptWriter:
                 break
             texts = self._sample([ids[i] for i in todo], prefixes[0][1], src, self._seed(name, f"turn{step}", attempt))
             for i, text in zip(todo, texts, strict=True):
-                why = keep.reason(text)
+                why = turns.reason(text)
                 rejected.update([why] if why else [])
-                written[i] = None if why else text
+                if not why:
+                    written[i] = text
+                    turns.keep(text)
         return written
 
     def _sample(self, prompts: list[list[int]], closing: str, src: SourceConfig, seed: int) -> list[str | None]:

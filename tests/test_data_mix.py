@@ -119,29 +119,34 @@ def test_written_prompts_are_filtered_deduplicated_and_cached(tmp_path, smol_tok
     assert fake.calls == calls and [c[0] for c in again] == prompts, "a rerun reads the cache, writes nothing"
 
 
-def test_interrupted_writing_resumes_to_the_same_prompts(tmp_path, smol_tok, monkeypatch):
+@pytest.mark.parametrize("turns", [1, 2])
+def test_interrupted_writing_resumes_to_the_same_prompts(tmp_path, smol_tok, monkeypatch, turns):
     monkeypatch.setattr(magpie, "ROWS", 2)
-    src = SourceConfig(domain="chat", kind="self_written", num_prompts=5, min_words=3, max_words=30)
+    src = SourceConfig(domain="chat", kind="self_written", num_prompts=5, turns=turns, min_words=3, max_words=30)
     uninterrupted = FakeGenerate(smol_tok)
     monkeypatch.setattr(magpie, "generate_batch", uninterrupted)
     reference = _writer(tmp_path / "ref", smol_tok)(src, "chat", 5)
 
     fake = FakeGenerate(smol_tok)
+    # One prompt: die after two calls. Two turns: die in the last batch of follow-ups.
+    die_at = 2 if turns == 1 else uninterrupted.calls - 1
 
-    def dies_on_third_call(*a, **k):
-        if fake.calls == 2:
+    def dies(*a, **k):
+        if fake.calls == die_at:
             raise KeyboardInterrupt
         return fake(*a, **k)
 
-    monkeypatch.setattr(magpie, "generate_batch", dies_on_third_call)
+    monkeypatch.setattr(magpie, "generate_batch", dies)
     with pytest.raises(KeyboardInterrupt):
         _writer(tmp_path, smol_tok)(src, "chat", 5)
-    progress = json.loads((tmp_path / "self_written" / "chat.progress.json").read_text())
-    assert progress["calls"] == 2
+    assert (tmp_path / "self_written" / "chat.progress.json").is_file()
     fresh = FakeGenerate(smol_tok)
     monkeypatch.setattr(magpie, "generate_batch", fresh)
     assert _writer(tmp_path, smol_tok)(src, "chat", 5) == reference
-    assert fake.calls + fresh.calls == uninterrupted.calls, "the finished calls are not made again"
+    if turns == 1:
+        assert fake.calls + fresh.calls == uninterrupted.calls, "the finished calls are not made again"
+    else:
+        assert fresh.calls <= 1 + magpie.FOLLOW_UP_TRIES, "only the unfinished batch of conversations is redone"
     assert not (tmp_path / "self_written" / "chat.progress.json").exists()
 
 
