@@ -27,12 +27,13 @@ from headway.data.chat import first_turn_ids, next_turn_ids
 from headway.data.dataset import COLUMNS, DATASET_SUBDIR, META_FILE, features
 from headway.data.generate import generate_batch
 from headway.data.prompt_files import validate_sources
-from headway.data.sources import Conversation, load_conversations
+from headway.data.sources import Conversation, PromptWriter, load_conversations, source_identity
 from headway.diff import diff
 from headway.target import context_length, stop_token_ids
 
 SHARDS_SUBDIR = "shards"
 SUMMARY_FILE = "summary.json"
+SELF_WRITTEN_SUBDIR = "self_written"  # prompts the target wrote for self_written sources (headway.data.magpie)
 
 
 class OutputMismatchError(UserError):
@@ -47,7 +48,7 @@ def identity(cfg: Config, fingerprint: dict, dtype: torch.dtype) -> dict:
         "target": fingerprint,
         "dtype": str(dtype).removeprefix("torch."),
         "generation": gen,
-        "sources": [dataclasses.asdict(s) for s in cfg.data.sources],
+        "sources": [source_identity(s) for s in cfg.data.sources],
         "max_prompts_per_source": cfg.data.max_prompts_per_source,
         "seed": cfg.data.seed,
     }
@@ -150,9 +151,10 @@ class Distiller:
         return {"rows": rows, "stats": {"skipped": dict(skipped), "gen_tokens": n_tokens, "seconds": seconds}}
 
 
-def plan(cfg: Config, tok) -> tuple[list[list[tuple[Conversation, list[int]]]], Counter]:
+def plan(cfg: Config, tok, writer: PromptWriter | None = None) -> tuple[list[list[tuple[Conversation, list[int]]]], Counter]:
     """Conversations with their first-turn ids, cut into shards; and the prompts skipped, by reason."""
-    convs, skipped = load_conversations(cfg.data)
+    convs, skipped = load_conversations(cfg.data, writer)
+    skipped.update(getattr(writer, "skipped", {}))
     kept = []
     for c in convs:
         ids = first_turn_ids(tok, c.turns[0])
@@ -181,12 +183,23 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
         model, tok = load_target(cfg.target, device=device)
     out = Path(cfg.data.output_dir)
     ident = identity(cfg, fingerprint or target_fingerprint(model, tok, cfg.target.name), model.dtype)
-    shards, prompt_skips = plan(cfg, tok)  # every source read before meta.json: a bad one writes nothing
+    plan(cfg, tok)  # every file source read before meta.json: a bad one writes nothing
     if state.is_main_process:
         check_or_write_meta(out, ident)
     state.wait_for_everyone()
     shards_dir = out / SHARDS_SUBDIR
     shards_dir.mkdir(parents=True, exist_ok=True)
+
+    from headway.data.magpie import PromptWriter
+
+    # The main process writes any self_written prompts into the output folder; the others then read them.
+    writer = PromptWriter(model, tok, out / SELF_WRITTEN_SUBDIR, cfg.data, log=log)
+    if state.is_main_process:
+        shards, prompt_skips = plan(cfg, tok, writer)
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        shards, prompt_skips = plan(cfg, tok, writer)
+    planned = Counter(c.domain for shard in shards for c, _ in shard)
     mine = [k for k in range(len(shards)) if k % state.num_processes == state.process_index]
     todo = [k for k in mine if not (shards_dir / f"shard-{k:05d}.json").is_file()]
     n_answers = sum(sum(len(c.turns) for c, _ in shards[k]) for k in todo)
@@ -213,14 +226,19 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
     state.wait_for_everyone()
     summary = None
     if state.is_main_process:
-        summary = assemble(cfg, out, len(shards), prompt_skips, run_seconds=time.perf_counter() - t0)
+        summary = assemble(cfg, out, len(shards), prompt_skips, run_seconds=time.perf_counter() - t0, planned=planned)
         log(format_summary(summary))
     state.wait_for_everyone()
     return summary or json.loads((out / SUMMARY_FILE).read_text())
 
 
-def assemble(cfg: Config, out: Path, n_shards: int, prompt_skips: Counter, run_seconds: float) -> dict:
-    """Join the shards into the train/validation DatasetDict and write the summary."""
+def assemble(
+    cfg: Config, out: Path, n_shards: int, prompt_skips: Counter, run_seconds: float, planned: Counter | None = None
+) -> dict:
+    """Join the shards into the train/validation DatasetDict and write the summary.
+
+    `planned`: conversations sent to the target, per domain (the summary's `prompts` column).
+    """
     from datasets import Dataset, DatasetDict, DatasetInfo
 
     rows, skipped, gen_tokens, gen_seconds = [], Counter(prompt_skips), 0, 0.0
@@ -257,10 +275,13 @@ def assemble(cfg: Config, out: Path, n_shards: int, prompt_skips: Counter, run_s
         shutil.rmtree(target)
     os.replace(tmp, target)
 
-    per_domain: dict[str, dict] = defaultdict(lambda: {"examples": 0, "generated_tokens": 0})
+    per_domain: dict[str, dict] = defaultdict(lambda: {"prompts": 0, "examples": 0, "answers": 0, "generated_tokens": 0})
+    for domain, n in (planned or {}).items():
+        per_domain[domain]["prompts"] = n
     for r in rows:
         d = per_domain[r["domain"]]
         d["examples"] += 1
+        d["answers"] += r["num_turns"]
         d["generated_tokens"] += sum(r["loss_mask"])
     summary = {
         "dataset": str(target),
@@ -287,8 +308,11 @@ def format_summary(s: dict) -> str:
         f"tokens {s['tokens']}, generated {s['generated_tokens']}; "
         f"answers cut at max_new_tokens: {s['unfinished_answers']}",
         f"generation: {s['generation_seconds']} s, {s['generated_tokens_per_s']} generated tokens/s",
-        f"{'domain':<16}{'examples':>10}{'gen tokens':>12}",
+        f"{'domain':<16}{'prompts':>9}{'examples':>10}{'answers':>9}{'gen tokens':>12}",
     ]
-    lines += [f"{d:<16}{v['examples']:>10}{v['generated_tokens']:>12}" for d, v in s["per_domain"].items()]
+    lines += [
+        f"{d:<16}{v.get('prompts', ''):>9}{v['examples']:>10}{v.get('answers', ''):>9}{v['generated_tokens']:>12}"
+        for d, v in s["per_domain"].items()
+    ]
     lines.append("skipped: " + (", ".join(f"{k}: {v}" for k, v in s["skipped"].items()) or "none"))
     return "\n".join(lines)

@@ -96,6 +96,8 @@ def validate_sources(cfg: DataConfig) -> None:
     if not cfg.sources:
         raise ValueError("data.sources is empty: name at least one prompt file or dataset")
     for src in cfg.sources:
+        if not src.path:  # self_written and context sources read no prompt file
+            continue
         path = resolve_path(src.path)
         if path.suffix not in LOCAL_SUFFIXES:
             continue

@@ -1,22 +1,33 @@
-"""Prompt sources: local JSON/JSONL files or Hugging Face datasets, turned into user turns.
+"""Prompt sources: local JSON/JSONL files, Hugging Face datasets, passages, or the target itself.
 
     from headway.data.sources import load_conversations
-    convs, skipped = load_conversations(cfg.data)
+    convs, skipped = load_conversations(cfg.data)            # self_written sources need writer=...
 
 A row becomes a list of user turns; the target writes every answer itself (self-distillation),
-so any answers a source ships (ShareGPT's gpt turns, GSM8K's rationale) are dropped.
+so any answers a source ships (ShareGPT's gpt turns, GSM8K's rationale) are dropped. Source kinds:
+`file` (rows of a file or dataset), `context` (headway.data.context: passage + instruction) and
+`self_written` (headway.data.magpie: the target writes the user turns). Whatever the kind, a prompt
+that shares a 13-word window with an evaluation question (headway.data.overlap) is dropped and counted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from headway.config import DataConfig, SourceConfig
+from headway.data.overlap import eval_overlap
 from headway.data.prompt_files import load_json_rows
 from headway.paths import resolve_path
+
+# (source, its name, how many prompts) -> conversations as lists of user turns; see headway.data.magpie.
+PromptWriter = Callable[[SourceConfig, str, int], list[list[str]]]
+# Fields every data folder's identity records; later fields are recorded only when set (old folders resume).
+_RECORDED_FIELDS = ("path", "domain", "num_prompts", "split", "format", "name")
 
 
 @dataclass
@@ -30,6 +41,8 @@ class Conversation:
 def source_name(src: SourceConfig) -> str:
     if src.name:
         return src.name
+    if src.kind != "file":
+        return f"{src.kind}_{src.domain}"
     p = Path(src.path)
     stem = f"{p.parent.name}_{p.stem}" if p.suffix in (".json", ".jsonl") and p.parent.name else p.stem
     return stem.replace("-", "_").replace("/", "_")
@@ -97,21 +110,61 @@ _FORMAT_KEYS = {
 }
 
 
-def load_conversations(cfg: DataConfig) -> tuple[list[Conversation], Counter]:
-    """Every source's sampled conversations, in a deterministic order, and why rows were dropped."""
+def source_identity(src: SourceConfig) -> dict:
+    """The source's settings as a data folder records them (fields added later only when not at their default)."""
+    out = {}
+    for f in dataclasses.fields(src):
+        value = getattr(src, f.name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name in _RECORDED_FIELDS or value != default:
+            out[f.name] = value
+    return out
+
+
+def source_turns(src: SourceConfig, name: str, n: int | None, seed: int, writer: PromptWriter | None) -> list[list[str]] | None:
+    """The source's candidate conversations (lists of user turns); None: a self_written source without a writer."""
+    where = f"data.sources entry {name!r}"
+    if src.kind == "file":
+        if not src.path:
+            raise ValueError(f"{where}: kind file needs path: a .json/.jsonl file or a dataset id")
+        return [row_turns(row, src.format) for row in read_rows(src)]
+    if src.kind == "context":
+        from headway.data.context import context_prompts
+
+        return [[p] for p in context_prompts(src, seed, name)]
+    if src.path:
+        raise ValueError(f"{where}: kind self_written takes no path (the target writes the prompts)")
+    if n is None:
+        raise ValueError(f"{where}: kind self_written needs num_prompts (how many prompts the target writes)")
+    return None if writer is None else writer(src, name, n)
+
+
+def load_conversations(cfg: DataConfig, writer: PromptWriter | None = None) -> tuple[list[Conversation], Counter]:
+    """Every source's sampled conversations, in a deterministic order, and why prompts were dropped.
+
+    `writer` writes the prompts of self_written sources (it needs the target); without one those
+    sources are skipped and counted.
+    """
     if not cfg.sources:
         raise ValueError("data.sources is empty: name at least one prompt file or dataset")
     names = [source_name(s) for s in cfg.sources]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         raise ValueError(f"data.sources: two sources share the name {sorted(dupes)[0]!r}; set `name:` on one")
+    overlap = eval_overlap()
     convs: list[Conversation] = []
     skipped: Counter = Counter()
     for src, name in zip(cfg.sources, names, strict=True):
-        rows = read_rows(src)
+        n = src.num_prompts
+        if cfg.max_prompts_per_source is not None:
+            n = cfg.max_prompts_per_source if n is None else min(n, cfg.max_prompts_per_source)
+        candidates = source_turns(src, name, n, cfg.seed, writer)
+        if candidates is None:
+            skipped[f"{name}: self_written source skipped (no target to write its prompts)"] += 1
+            continue
         usable, seen = [], set()
-        for i, row in enumerate(rows):
-            turns = [t.strip() for t in row_turns(row, src.format)]
+        for i, turns in enumerate(candidates):
+            turns = [t.strip() for t in turns]
             turns = [t for t in turns if t][: cfg.generation.max_turns]
             if not turns:
                 skipped[f"{name}: row without a usable prompt"] += 1
@@ -121,12 +174,13 @@ def load_conversations(cfg: DataConfig) -> tuple[list[Conversation], Counter]:
                 skipped[f"{name}: duplicate prompt"] += 1
                 continue
             seen.add(key)
+            if any(overlap.hits(t) for t in turns):
+                skipped[f"{name}: shares a 13-word window with an evaluation question"] += 1
+                continue
             usable.append(Conversation(f"{name}:{i}", name, src.domain, turns))
         if not usable:
-            raise ValueError(f"prompt source {src.path} has no usable prompts (format {src.format!r})")
-        n = src.num_prompts if src.num_prompts is not None else len(usable)
-        if cfg.max_prompts_per_source is not None:
-            n = min(n, cfg.max_prompts_per_source)
+            what = f"format {src.format!r}" if src.kind == "file" else f"kind {src.kind!r}"
+            raise ValueError(f"prompt source {src.path or name} has no usable prompts ({what})")
         # A seeded sample, not the file's head: files are often sorted (by length, by topic).
         random.Random(f"{cfg.seed}:{name}").shuffle(usable)
         convs.extend(usable[:n])

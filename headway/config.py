@@ -49,13 +49,28 @@ class TargetConfig:
 
 @dataclass
 class SourceConfig:
-    path: str  # local .json/.jsonl file (relative to the repo root or the YAML) or a HF dataset id
     domain: str  # chat, code, math, translation, summarization, qa, general, ...
+    # file: prompts read from `path`, a local .json/.jsonl file (relative to the repo root) or a HF dataset id.
+    # context: prompts assembled from the passage file at `path` (data/prompts/passages/) and `task`.
+    # self_written: the target writes the user turns itself (Magpie), steered by `task`; no path.
+    kind: Literal["file", "context", "self_written"] = "file"
+    path: str | None = None
     num_prompts: int | None = None  # None: all usable prompts
     split: str = "train"  # for HF dataset ids
     # How a row becomes turns. auto recognises: turns, conversations/messages, instruction(+input), question, prompt.
     format: Literal["auto", "turns", "conversations", "instruction", "question", "prompt"] = "auto"
-    name: str | None = None  # short name recorded per row; default: file stem
+    name: str | None = None  # short name recorded per row; default: file stem (kind file), else kind_domain
+    # context: summarize | translate | qa. self_written: a short description of what users ask for, shown to
+    # the target as its system turn while it writes the user turn (None: the template's own system turn).
+    task: str | None = None
+    languages: list[str] = field(default_factory=list)  # translate: pairs such as de-en, en-fr
+    passages: int = 3  # qa: passages shown before the question (one holds the answer)
+    min_words: int = 3  # prompts (self_written) or passages (context) with fewer words are dropped
+    max_words: int = 400
+    turns: int = 1  # self_written: user turns per conversation; later ones follow the target's own answer
+    temperature: float = 0.8  # self_written: sampling of the user turns (seeded by data.seed)
+    top_p: float = 0.95
+    max_tokens: int = 160  # self_written: a user turn not ended within this many tokens is dropped
 
 
 @dataclass

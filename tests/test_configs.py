@@ -28,7 +28,7 @@ def test_recipe_config_validates(path):
     assert first.startswith("# ") and path.relative_to(ROOT).as_posix() in first, "first line must be the command"
     assert cfg.data.sources, "every recipe names its prompt sources"
     for src in cfg.data.sources:
-        if not src.path.startswith(("hf://",)) and "/" in src.path and src.path.startswith("data/"):
+        if src.path and "/" in src.path and src.path.startswith("data/"):
             assert (ROOT / src.path).is_file(), f"{path}: source {src.path} is missing"
     if path.stem.startswith("eagle3"):
         assert cfg.eagle is not None and cfg.eagle.version == 3

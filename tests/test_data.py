@@ -255,10 +255,12 @@ def test_default_mix_sources_parse():
     from headway.config import load_config
 
     cfg = load_config("configs/smollm2-135m/data.yaml")
-    convs, _ = load_conversations(cfg.data)
+    convs, skipped = load_conversations(cfg.data)  # no target: the self_written sources are skipped, and counted
     domains = {c.domain for c in convs}
-    assert domains == {"math", "code", "general"}
+    assert domains == {"math", "code", "general", "translation", "summarization", "rag"}
     assert len({c.prompt_id for c in convs}) == len(convs)
+    self_written = [s for s in cfg.data.sources if s.kind == "self_written"]
+    assert sum(v for k, v in skipped.items() if "no target" in k) == len(self_written)
 
 
 def test_collate_pads_right():

@@ -1,0 +1,324 @@
+"""The default mix: self-written prompts (Magpie), context-bearing prompts, and no evaluation question in training."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+import torch
+
+import headway.data.magpie as magpie
+from headway.config import Config, DataConfig, GenerationConfig, SourceConfig, load_config
+from headway.data.chat import first_turn_ids
+from headway.data.context import (
+    QA,
+    SUMMARIZE,
+    TRANSLATE,
+    check_context_source,
+    context_prompts,
+    load_passages,
+)
+from headway.data.generate import Answer
+from headway.data.magpie import PromptWriter, user_turn_prefix
+from headway.data.overlap import EvalOverlap, eval_turns
+from headway.data.sources import load_conversations, source_identity, source_name, source_turns
+
+SMOL_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+MT_BENCH_Q = "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences and must-see attractions."
+
+
+# ---------------------------------------------------------------- the user-turn prefix
+
+
+def test_user_turn_prefix_on_the_real_template(smol_tok):
+    prefix, closing = user_turn_prefix(smol_tok)
+    assert prefix == SMOL_SYSTEM + "<|im_start|>user\n", "the template's default system turn is kept"
+    assert closing == "<|im_end|>\n"
+    # The prefix, a user text and the closing text are exactly what the answering prompt renders.
+    rendered = smol_tok.apply_chat_template([{"role": "user", "content": "Hi there"}], tokenize=False, add_generation_prompt=True)
+    assert rendered == prefix + "Hi there" + closing + "<|im_start|>assistant\n"
+    assert smol_tok(prefix, add_special_tokens=False)["input_ids"] == first_turn_ids(smol_tok, "Hi there")[: len(smol_tok(prefix)["input_ids"])]
+
+    steered, _ = user_turn_prefix(smol_tok, system="Users ask about maths.")
+    assert steered == "<|im_start|>system\nUsers ask about maths.<|im_end|>\n<|im_start|>user\n", "a task replaces the default system turn"
+    history = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
+    follow, _ = user_turn_prefix(smol_tok, history)
+    assert follow == SMOL_SYSTEM + "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\nBlue.<|im_end|>\n<|im_start|>user\n"
+
+
+# ---------------------------------------------------------------- the writer, with a scripted generator
+
+
+POOL = [
+    "How do I bake sourdough bread at home?",
+    "how do I bake SOURDOUGH bread at home",  # a near-duplicate of the first: normalised, they are equal
+    "Hi",  # too short
+    "Write a cover letter for a junior accountant position at a small firm.",
+    "What is the tallest mountain in Africa?",
+    MT_BENCH_Q,  # planted: an evaluation question
+    "Can you suggest three names for a bakery?",
+    "Explain photosynthesis to a ten year old.",
+    "What should I pack for a week of hiking in Scotland?",
+    "Tell me a joke about computers.",
+] + [f"Give me {n} ideas for a birthday party." for n in ("two", "three", "four", "five", "six", "seven", "eight")]
+UNFINISHED = "this one never stops"
+
+
+class FakeGenerate:
+    """Stands in for generate_batch: each row gets a seeded pick from POOL (or a text that never ends).
+
+    sequential: POOL in order instead, the text that never ends fourth, so every filter is met early.
+    """
+
+    def __init__(self, tok, sequential=False):
+        self.tok, self.calls, self.prompts, self.sequential = tok, 0, [], sequential
+
+    def __call__(self, model, prompts, max_new_tokens, eos_ids, pad_id, temperature=0.0, top_p=1.0, seed=None):
+        self.calls += 1
+        self.prompts += prompts
+        rng = random.Random(seed)
+        out = []
+        order = POOL[:3] + [UNFINISHED] + POOL[3:]
+        for i in range(len(prompts)):
+            k = len(self.prompts) - len(prompts) + i  # rows handed out before this one
+            text = order[k % len(order)] if self.sequential else rng.choice(POOL + [UNFINISHED])
+            ids = self.tok(text, add_special_tokens=False)["input_ids"]
+            out.append(Answer(ids, False) if text == UNFINISHED else Answer(ids + [2], True))
+        return out
+
+
+def _writer(tmp_path, tok, **gen):
+    model = torch.nn.Linear(1, 1)  # never called: FakeGenerate answers
+    model.generation_config = type("G", (), {"eos_token_id": 2})()
+    data = DataConfig(output_dir=str(tmp_path), generation=GenerationConfig(**gen), seed=0)
+    return PromptWriter(model, tok, tmp_path / "self_written", data, log=lambda *_: None)
+
+
+def test_written_prompts_are_filtered_deduplicated_and_cached(tmp_path, smol_tok, monkeypatch):
+    fake = FakeGenerate(smol_tok, sequential=True)
+    monkeypatch.setattr(magpie, "generate_batch", fake)
+    monkeypatch.setattr(magpie, "ROWS", 4)
+    src = SourceConfig(domain="chat", kind="self_written", num_prompts=6, min_words=3, max_words=30)
+    writer = _writer(tmp_path, smol_tok)
+    prompts = [c[0] for c in writer(src, "chat", 6)]
+    assert len(prompts) == 6 and all(len(c) == 1 for c in writer(src, "chat", 6))
+    keys = [" ".join(re.findall(r"\w+", p.lower())) for p in prompts]
+    assert len(set(keys)) == len(keys), "no duplicates, even after normalising case and punctuation"
+    assert MT_BENCH_Q not in prompts and "Hi" not in prompts and UNFINISHED not in prompts
+    assert all(p in POOL for p in prompts)
+    stats = json.loads((tmp_path / "self_written" / "chat.json").read_text())["rejected"]
+    assert stats["not ended within max_tokens"] > 0 and stats["fewer than min_words=3 words"] > 0
+    assert "shares a 13-word window with an evaluation question" in stats
+    # Every call saw only the template's user-turn prefix.
+    prefix_ids = smol_tok(SMOL_SYSTEM + "<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+    assert all(p == prefix_ids for p in fake.prompts)
+    calls = fake.calls
+    again = _writer(tmp_path, smol_tok)(src, "chat", 6)
+    assert fake.calls == calls and [c[0] for c in again] == prompts, "a rerun reads the cache, writes nothing"
+
+
+@pytest.mark.parametrize("turns", [1, 2])
+def test_interrupted_writing_resumes_to_the_same_prompts(tmp_path, smol_tok, monkeypatch, turns):
+    monkeypatch.setattr(magpie, "ROWS", 2)
+    src = SourceConfig(domain="chat", kind="self_written", num_prompts=5, turns=turns, min_words=3, max_words=30)
+    uninterrupted = FakeGenerate(smol_tok)
+    monkeypatch.setattr(magpie, "generate_batch", uninterrupted)
+    reference = _writer(tmp_path / "ref", smol_tok)(src, "chat", 5)
+
+    fake = FakeGenerate(smol_tok)
+    # One prompt: die after two calls. Two turns: die in the last batch of follow-ups.
+    die_at = 2 if turns == 1 else uninterrupted.calls - 1
+
+    def dies(*a, **k):
+        if fake.calls == die_at:
+            raise KeyboardInterrupt
+        return fake(*a, **k)
+
+    monkeypatch.setattr(magpie, "generate_batch", dies)
+    with pytest.raises(KeyboardInterrupt):
+        _writer(tmp_path, smol_tok)(src, "chat", 5)
+    assert (tmp_path / "self_written" / "chat.progress.json").is_file()
+    fresh = FakeGenerate(smol_tok)
+    monkeypatch.setattr(magpie, "generate_batch", fresh)
+    assert _writer(tmp_path, smol_tok)(src, "chat", 5) == reference
+    if turns == 1:
+        assert fake.calls + fresh.calls == uninterrupted.calls, "the finished calls are not made again"
+    else:
+        assert fresh.calls <= 1 + magpie.FOLLOW_UP_TRIES, "only the unfinished batch of conversations is redone"
+    assert not (tmp_path / "self_written" / "chat.progress.json").exists()
+
+
+def test_follow_up_turns_are_written_after_the_targets_answer(tmp_path, smol_tok, monkeypatch):
+    fake = FakeGenerate(smol_tok)
+    monkeypatch.setattr(magpie, "generate_batch", fake)
+    monkeypatch.setattr(magpie, "ROWS", 4)
+    src = SourceConfig(domain="chat", kind="self_written", num_prompts=4, turns=2, min_words=3, max_words=30)
+    convs = _writer(tmp_path, smol_tok, max_new_tokens=20)(src, "chat", 4)
+    assert len(convs) == 4 and sum(len(c) == 2 for c in convs) >= 3
+    turns = [t for c in convs for t in c]
+    assert len({" ".join(re.findall(r"\w+", t.lower())) for t in turns}) == len(turns), "follow-ups are deduplicated too"
+    # The follow-up writer saw the conversation: first turn, the (fake) answer, then an open user turn.
+    follow_prompts = [smol_tok.decode(p) for p in fake.prompts if smol_tok.decode(p).count("<|im_start|>user") == 2]
+    assert follow_prompts and all(p.endswith("<|im_end|>\n<|im_start|>user\n") for p in follow_prompts)
+    assert any(f"user\n{convs[0][0]}<|im_end|>\n<|im_start|>assistant\n" in p for p in follow_prompts)
+
+
+@pytest.mark.real_target
+def test_the_real_target_writes_clean_user_turns(tmp_path, smol_tok, smol_fp32, monkeypatch):
+    monkeypatch.setattr(magpie, "ROWS", 4)
+    src = SourceConfig(domain="chat", kind="self_written", num_prompts=2, max_tokens=40, min_words=2, max_words=60)
+    writer = PromptWriter(smol_fp32, smol_tok, tmp_path, DataConfig(seed=0), log=lambda *_: None)
+    convs = writer(src, "chat", 2)
+    assert len(convs) == 2, writer.skipped
+    for (text,) in convs:
+        assert text == text.strip() and "<|im" not in text and 2 <= len(text.split()) <= 60
+
+
+# ---------------------------------------------------------------- context-bearing prompts
+
+
+def _filled(templates, prompt: str, **known) -> str:
+    """The {text} a prompt was made with, given the template set and the other fields' values."""
+    for t in templates:
+        pattern = re.escape(t)
+        for k, v in known.items():
+            pattern = pattern.replace(re.escape("{" + k + "}"), re.escape(v))
+        m = re.fullmatch(pattern.replace(re.escape("{text}"), "(.+)"), prompt, re.S)
+        if m:
+            return m.group(1)
+    raise AssertionError(f"no template makes {prompt[:100]!r}")
+
+
+def test_translation_prompts_carry_a_span_of_the_source_paragraph():
+    src = SourceConfig(domain="translation", kind="context", task="translate", languages=["de-en", "en-fr"],
+                       path="data/prompts/passages/python_docs_fr.jsonl", min_words=5, max_words=80)  # fmt: skip
+    english = [r["en"] for r in load_passages(src.path)]
+    prompts = context_prompts(src, seed=0, name="t")
+    assert prompts == context_prompts(src, seed=0, name="t") != context_prompts(src, seed=1, name="t")
+    assert prompts and not any("German" in p for p in prompts), "rows without German text give no de-en prompt"
+    for p in prompts[:100]:
+        text = _filled(TRANSLATE, p, src="English", tgt="French")
+        assert 5 <= len(text.split()) <= 80 and any(text in e for e in english)
+
+
+def _runs(rows: list[dict]) -> list[tuple[str, str]]:
+    """(heading, text) of each run of paragraphs under one heading of one document."""
+    out: list[tuple[str, str, str]] = []
+    for r in rows:
+        if out and out[-1][:2] == (r["doc"], r["section"]):
+            out[-1] = (r["doc"], r["section"], out[-1][2] + " " + r["en"])
+        else:
+            out.append((r["doc"], r["section"], r["en"]))
+    return [(h, t) for _, h, t in out]
+
+
+def test_summaries_and_passage_questions_are_assembled_from_one_document():
+    path = "data/prompts/passages/python_docs_es.jsonl"
+    rows = load_passages(path)
+    docs = {}
+    for r in rows:
+        docs[r["doc"]] = docs.get(r["doc"], "") + r["en"] + "\n\n"
+    summ = SourceConfig(domain="summarization", kind="context", task="summarize", path=path, min_words=150, max_words=450)
+    prompts = context_prompts(summ, 0, "s")
+    assert len(prompts) > 100
+    for p in prompts:
+        text = _filled(SUMMARIZE, p)
+        assert 150 <= len(text.split()) <= 450
+        assert any(text in d for d in docs.values()), "consecutive paragraphs of one document"
+
+    qa = SourceConfig(domain="rag", kind="context", task="qa", path=path, passages=3, min_words=20, max_words=150)
+    prompts = context_prompts(qa, 0, "q")
+    assert len(prompts) > 200
+    runs = _runs(rows)
+    n_faq = 0
+    for p in prompts[:80]:
+        lines = p.split("\n")
+        question = lines[-2 if lines[-1] == "Answer:" else -1].removeprefix("Question: ")
+        heading = question if question.endswith("?") and not question.startswith("What do the passages say") else None
+        heading = heading or question.removeprefix("What do the passages say about ").removesuffix("?")
+        gold = [t for h, t in runs if h == heading and t in p]
+        assert gold, f"the passages hold the text under {heading!r}"
+        body = p[: p.rfind(question)]
+        assert sum(body.count(t) for h, t in runs if len(t.split()) >= 20 and t in body) >= 1
+        n_faq += question == heading
+    assert n_faq > 20, "the FAQs' own questions are asked as they stand"
+
+
+def test_context_source_errors_name_the_key():
+    bad = SourceConfig(domain="t", kind="context", task="translate", path="data/prompts/passages/vite_docs_de.jsonl")
+    with pytest.raises(ValueError, match="needs languages"):
+        check_context_source(bad, "x")
+    bad.languages = ["de-xx"]
+    with pytest.raises(ValueError, match="'de-xx'"):
+        check_context_source(bad, "x")
+    with pytest.raises(ValueError, match="task: one of translate, summarize, qa"):
+        check_context_source(SourceConfig(domain="t", kind="context", task="poem", path="p"), "x")
+    with pytest.raises(ValueError, match="self_written needs num_prompts"):
+        source_turns(SourceConfig(domain="c", kind="self_written"), "c", None, 0, None)
+    with pytest.raises(ValueError, match="takes no path"):
+        source_turns(SourceConfig(domain="c", kind="self_written", path="x.jsonl", num_prompts=3), "c", 3, 0, None)
+
+
+def test_data_folders_made_before_the_new_fields_keep_their_identity():
+    src = SourceConfig(domain="math", path="data/prompts/gsm8k/train.jsonl", num_prompts=9)
+    assert source_identity(src) == {"path": src.path, "domain": "math", "num_prompts": 9, "split": "train", "format": "auto", "name": None}
+    written = SourceConfig(domain="chat", kind="self_written", num_prompts=9, task="Ask things.")
+    assert {"kind": "self_written", "task": "Ask things."}.items() <= source_identity(written).items()
+
+
+# ---------------------------------------------------------------- never from the evaluation sets
+
+
+def _windows(text: str, n: int = 13) -> set[str]:
+    w = re.sub(r"[^\w\s]|_", " ", text.lower()).split()
+    return {" ".join(w[i : i + n]) for i in range(len(w) - n + 1)}
+
+
+def test_overlap_finds_13_word_windows_after_normalising():
+    index = EvalOverlap([MT_BENCH_Q])
+    words = MT_BENCH_Q.split()
+    assert index.hits("Please: " + " ".join(words[2:15]).upper() + "!!! thanks")
+    assert not index.hits(" ".join(words[2:14])), "12 words are not a window"
+    assert index.hits("Before. " + MT_BENCH_Q.replace(",", " ;") + " After.")
+    short = EvalOverlap(["Who played Anna in Once Upon a Time?"])
+    assert short.hits("Question: who played anna in once upon a time") and not short.hits("who played anna")
+
+
+def test_the_loader_drops_prompts_that_contain_an_evaluation_question(tmp_path):
+    rows = [{"question": "What is 2 + 2?"}, {"question": f"Context first. {MT_BENCH_Q} Then more."}, {"question": "Name a fruit."}]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs, skipped = load_conversations(DataConfig(sources=[SourceConfig(path=str(path), domain="chat", name="p")]))
+    assert sorted(c.turns[0] for c in convs) == sorted([rows[0]["question"], rows[2]["question"]])
+    assert skipped == {"p: shares a 13-word window with an evaluation question": 1}
+
+
+def test_no_prompt_of_the_default_mix_shares_a_window_with_the_evaluation_sets():
+    """Every static and context prompt of the default mix, checked raw (before the loader's filter).
+
+    Self-written prompts do not exist until the target writes them; the loader's filter (tested above)
+    drops any that overlap, and the writer rejects them while writing.
+    """
+    cfg: Config = load_config("configs/smollm2-135m/data.yaml")
+    questions = eval_turns()
+    assert len(questions) == 480 + 80 + 80 + 80  # Spec-Bench (MT-bench rows have 2 turns) and MT-bench
+    eval_windows = set().union(*(_windows(q) for q in questions))
+    domains, checked = set(), 0
+    for src in cfg.data.sources:
+        domains.add(src.domain)
+        if src.kind == "self_written":
+            continue
+        name = source_name(src)
+        for turns in source_turns(src, name, src.num_prompts, cfg.data.seed, None):
+            for t in turns:
+                assert not (_windows(t) & eval_windows), f"{name}: {t[:200]!r}"
+                checked += 1
+    assert checked > 15_000
+    for template in TRANSLATE + SUMMARIZE + QA:
+        assert not (_windows(template) & eval_windows)
+    assert {"chat", "writing", "roleplay", "qa", "rag", "translation", "summarization", "math", "code"} <= domains
+    assert any(s.kind == "self_written" and s.turns > 1 for s in cfg.data.sources), "multi-turn conversations"
+    gsm8k = [s.path for s in cfg.data.sources if s.path and "gsm8k" in s.path]
+    assert gsm8k == ["data/prompts/gsm8k/train.jsonl"], "GSM8K test holds Spec-Bench's math questions"
