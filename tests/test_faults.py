@@ -90,7 +90,7 @@ def test_another_train_split_is_refused(tmp_path):
 
 def _loop_run(out, target, rows, on_step_end=None, save_state=None, **kw):
     from headway.data.features import OnlineFeatures
-    from headway.features import FeatureSpec
+    from headway.features import FeatureSpec, feature_key
     from headway.heads.medusa import MedusaHeads
     from headway.heads.medusa_loss import MedusaObjective
     from headway.train.loop import make_accelerator, train
@@ -375,14 +375,14 @@ def test_feature_cache_reads_rows_without_mapping_the_shards(tmp_path):
     from tiny_models import tiny_llama
 
     from headway.data.feature_cache import FeatureCache, write_cache
-    from headway.features import FeatureSpec
+    from headway.features import FeatureSpec, feature_key
 
     target = tiny_llama(vocab_size=128, hidden_size=32)
     ds = {"train": synthetic_rows(9, 128)}
     spec = FeatureSpec(final_normed=True)
     write_cache(target, ds, spec, tmp_path, max_len=48, target_fingerprint={}, pad_id=2, shard_rows=4, progress=False)
     cache = FeatureCache(tmp_path)
-    row = cache.row("train", 5)["final_normed"]
+    row = cache.row("train", 5)[feature_key("final_normed")]
     with torch.no_grad():
         ids = torch.tensor([ds["train"][5]["input_ids"][:48]])
         want = target(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]
