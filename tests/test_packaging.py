@@ -8,6 +8,7 @@ ignored, so the checkout's editable install stays invisible there: what runs is 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -29,7 +30,10 @@ def _run(cmd, cwd, timeout=600):
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", ROOT], tmp)
+    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources it builds.
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "__pycache__"))
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", src], tmp)
     (wheel,) = (tmp / "dist").glob("headway-*.whl")
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], tmp)
