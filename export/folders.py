@@ -55,6 +55,7 @@ class ExportResult:
     method: str
     notes: list[str] = field(default_factory=list)  # what the user must know (printed by the CLI)
     release: object | None = None  # export/releases.py Release the folder was checked for (engines only)
+    serve: dict[str, str] = field(default_factory=dict)  # llamacpp: target GGUF kind -> serve command
 
 
 def resolve_dtype(ckpt: Checkpoint, dtype) -> tuple[torch.dtype | None, str | None]:

@@ -64,7 +64,9 @@ RELEASES: tuple[Release, ...] = (
         (0, 11),
         ("medusa", "eagle1", "eagle3"),
         medusa_reduced_vocab=True,
-        sources=(Source(_VLLM, "vllm/model_executor/models/medusa.py", "09cddad8f0324594022359cd2b07e962a14b895f"),),
+        sources=(
+            Source(_VLLM, "vllm/model_executor/models/medusa.py", "09cddad8f0324594022359cd2b07e962a14b895f"),
+        ),
     ),
     Release(
         "vllm",
@@ -138,7 +140,9 @@ def check_release(release: Release, method: str, dims: Dims, where: str) -> None
                 "vLLM 0.32.0 is the last release with Medusa: export with --engine-version 0.32 and serve "
                 "with vllm<=0.32.0, or train an EAGLE-3 drafter"
             )
-        raise ExportError(f"{where}: {release.label} has no {method} drafter; it serves {', '.join(release.methods)}")
+        raise ExportError(
+            f"{where}: {release.label} has no {method} drafter; it serves {', '.join(release.methods)}"
+        )
     if method == "medusa" and dims.draft_vocab < dims.vocab and not release.medusa_reduced_vocab:
         raise ExportError(
             f"{where}: {release.label} sizes each Medusa lm_heads.i by the full vocab_size ({dims.vocab}) and "

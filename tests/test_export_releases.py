@@ -30,7 +30,9 @@ def target():
 
 def _medusa(tmp_path, target, vocab, name="medusa"):
     torch.manual_seed(0)
-    return MedusaHeads.from_target(target, 2, 1, vocab=vocab, target_name="tiny").save_pretrained(tmp_path / name)
+    return MedusaHeads.from_target(target, 2, 1, vocab=vocab, target_name="tiny").save_pretrained(
+        tmp_path / name
+    )
 
 
 def _eagle3(tmp_path, target, name="eagle3", layers=(1, 4, 6), vocab=VOCAB, **config):
@@ -63,7 +65,9 @@ def test_release_ranges_from_versions():
 
 def test_vllm_033_has_no_medusa(tmp_path, target):
     ckpt = _medusa(tmp_path, target, vocab=None)
-    with pytest.raises(ExportError, match=r"vLLM 0\.33 has no Medusa method.*0\.32\.0 is the last release with Medusa"):
+    with pytest.raises(
+        ExportError, match=r"vLLM 0\.33 has no Medusa method.*0\.32\.0 is the last release with Medusa"
+    ):
         export(ckpt, "vllm", tmp_path / "x")
     assert not (tmp_path / "x").exists()
     export(ckpt, "vllm", tmp_path / "m", engine_version="0.32.0")
@@ -81,7 +85,9 @@ def test_reduced_vocab_medusa_only_for_vllm_011(tmp_path, target):
         assert "vLLM 0.12-0.32 sizes each Medusa lm_heads.i by the full vocab_size (256)" in msg
         assert "only vLLM <= 0.11 loads them" in msg and "cannot be written exactly" in msg
     export(ckpt, "vllm", tmp_path / "old", engine_version="0.11")
-    assert {k: v[0] for k, v in weight_header(tmp_path / "old" / "model.safetensors").items()}["token_map"] == (128,)
+    assert {k: v[0] for k, v in weight_header(tmp_path / "old" / "model.safetensors").items()}[
+        "token_map"
+    ] == (128,)
     check_folder(tmp_path / "old", "vllm")  # the range its block names
     with pytest.raises(ExportError, match="vLLM 0.12-0.32 sizes each Medusa"):
         check_folder(tmp_path / "old", "vllm", release=release_for("vllm", "0.32"))
@@ -99,7 +105,9 @@ def test_eagle3_full_vocab_leaves_out_d2t_and_t2d(tmp_path, target):
         names = set(weight_header(tmp_path / engine / "model.safetensors"))
         assert "d2t" not in names and "t2d" not in names and "lm_head.weight" in names
         back = load_exported(tmp_path / engine, engine, target)
-        assert back.config.draft_vocab_size == V and torch.equal(back.to_target_ids(torch.arange(V)), torch.arange(V))
+        assert back.config.draft_vocab_size == V and torch.equal(
+            back.to_target_ids(torch.arange(V)), torch.arange(V)
+        )
     # a folder that carries d2t with V' = V is refused: vLLM >= 0.31 has no parameter to load it into
     bad = shutil.copytree(tmp_path / "vllm", tmp_path / "bad")
     state = load_file(str(bad / "model.safetensors"))
@@ -107,9 +115,13 @@ def test_eagle3_full_vocab_leaves_out_d2t_and_t2d(tmp_path, target):
     save_file(state, str(bad / "model.safetensors"))
     with pytest.raises(ExportError, match=r"unexpected key 'd2t'.*vLLM 0\.33 .*refused: the loader raises"):
         check_folder(bad, "vllm")
-    with pytest.raises(ExportError, match=r"unexpected key 'd2t'.*SGLang 0\.5\.23 .*skipped without an error"):
+    with pytest.raises(
+        ExportError, match=r"unexpected key 'd2t'.*SGLang 0\.5\.23 .*skipped without an error"
+    ):
         check_folder(bad, "sglang")
-    with pytest.raises(ExportError, match=r"unexpected key 'd2t'.*vLLM 0\.12-0\.32 .*skipped without an error"):
+    with pytest.raises(
+        ExportError, match=r"unexpected key 'd2t'.*vLLM 0\.12-0\.32 .*skipped without an error"
+    ):
         check_folder(bad, "vllm", release=release_for("vllm", "0.31.0"))
 
 
@@ -132,9 +144,17 @@ def test_layer_ids_both_keys_ascending_and_capturable(tmp_path, target):
         check_folder(tmp_path / "v", "sglang")
 
     for name, edit, error in [
-        ("mixed", {"eagle_aux_hidden_state_layer_ids": [1, 4, 5]}, r"vLLM reads layers \[1, 4, 5\].*SGLang reads \[1, 4, 6\]"),
+        (
+            "mixed",
+            {"eagle_aux_hidden_state_layer_ids": [1, 4, 5]},
+            r"vLLM reads layers \[1, 4, 5\].*SGLang reads \[1, 4, 6\]",
+        ),
         ("order", {"eagle_aux_hidden_state_layer_ids": [4, 1, 6], "eagle_config": {}}, "not ascending"),
-        ("other", {"eagle_aux_hidden_state_layer_ids": None}, "only the other engine's layer ids.*vllm would read its default"),
+        (
+            "other",
+            {"eagle_aux_hidden_state_layer_ids": None},
+            "only the other engine's layer ids.*vllm would read its default",
+        ),
     ]:
         bad = shutil.copytree(tmp_path / "s", tmp_path / name)
         config = _config(bad)
@@ -161,6 +181,8 @@ def test_weights_in_the_targets_dtype(tmp_path, target):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float16"}))
     torch.manual_seed(0)
-    medusa = MedusaHeads.from_target(target, 2, 1, vocab=None, target_name=str(folder)).save_pretrained(tmp_path / "m")
+    medusa = MedusaHeads.from_target(target, 2, 1, vocab=None, target_name=str(folder)).save_pretrained(
+        tmp_path / "m"
+    )
     export(medusa, "vllm", tmp_path / "m16", engine_version="0.32")
     assert load_file(str(tmp_path / "m16" / "model.safetensors"))["lm_heads.0.weight"].dtype == torch.float16
