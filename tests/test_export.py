@@ -438,6 +438,7 @@ def test_hf_export_with_model_card(tmp_path, target):
     assert "Medusa-1 draft for tiny" in card and f"{K} heads" in card
     assert "| gsm8k | math | 40 |" in card and "max_new_tokens 99" in card
     assert "| math | 5 | 2.35 | 1.68x | 1.10x |" in card and "12 steps" in card
+    assert "--to vllm --engine-version 0.11 --out" in card and "--to sglang" not in card  # reduced vocabulary
     assert sorted(p.name for p in (tmp_path / "hub").iterdir()) == [
         "README.md",
         "config.json",
@@ -457,6 +458,7 @@ def test_hf_export_with_model_card(tmp_path, target):
     export(other, "hf", tmp_path / "hub3")
     card = (tmp_path / "hub3" / "README.md").read_text()
     assert "Not measured" in card and "EAGLE-3 draft for tiny" in card
+    assert "--to sglang --out" in card and "--to llamacpp --out" in card
 
 
 def _cli():
