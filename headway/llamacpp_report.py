@@ -208,6 +208,8 @@ def llamacpp_markdown(report: dict) -> str:
         "",
         "## llama.cpp configurations",
         "",
+        f"In the table above plain is llama.cpp plain with target GGUF {ll['primary_target']}, spec the headway "
+        f"drafter, PLD llama.cpp's fastest n-gram type ({ll['best_ngram']}), not HF prompt lookup. "
         f"Same prompts, back to back, order rotated per prompt; greedy; fastest plain: {ll['fastest_plain']}; "
         f"best n-gram: {ll['best_ngram']}. tok/s: tokens over llama.cpp's decode time; end-to-end: over prompt "
         "+ decode time; speedup: of tok/s over plain with the same target GGUF; vs fastest: over the fastest "
