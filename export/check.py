@@ -2,8 +2,11 @@
 
     from headway.export.check import check_folder
     dims = check_folder("exports/eagle3-vllm", "vllm", "eagle3")   # ExportError naming key and both shapes
+    dims = check_folder(folder, "vllm", release=release_for("vllm", "0.32.0"))   # what that range loads
 
 Reads only config.json and the safetensors header; every problem of a folder is named in one error.
+EAGLE-3 folders also have their feature-layer ids checked: ascending and unique (the engines capture
+in layer order), the two engines' keys naming the same layers, and none SGLang cannot capture.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from pathlib import Path
 from headway.export.engine_keys import (
     BOOL,
     CONFIG_FILE,
+    EXPORT_BLOCK,
     FLOAT,
     INT64,
+    LAYER_IDS,
     WEIGHT_SUFFIXES,
     WEIGHTS_FILE,
     Dims,
@@ -27,6 +32,8 @@ from headway.export.engine_keys import (
     method_of_config,
     table_for,
 )
+from headway.export.releases import Release, check_release, release_for, release_of_folder
+from headway.features import layer_to_hidden_state
 
 # safetensors dtype -> the tables' dtype classes
 _DTYPES = {"F64": FLOAT, "F32": FLOAT, "F16": FLOAT, "BF16": FLOAT, "I64": INT64, "BOOL": BOOL}
@@ -85,8 +92,47 @@ def check_config(table: EngineTable, config: dict, where: str) -> None:
             )
 
 
+def named_layer_ids(config: dict) -> tuple[list[int] | None, list[int] | None]:
+    """EAGLE-3 feature layers a config names, as hidden_states indices (headway/features.py):
+    (vLLM's top-level ids, SGLang's eagle_config ids plus 1); None where a key is absent."""
+    top = config.get(LAYER_IDS) or None
+    nested = (config.get("eagle_config") or {}).get(LAYER_IDS) or None
+    return (list(top) if top else None), ([layer_to_hidden_state(j) for j in nested] if nested else None)
+
+
+def check_layer_ids(config: dict, engine: str, where: str) -> None:
+    """EAGLE-3's feature-layer ids: the two engines' keys agree, ascending, unique, capturable by `engine`."""
+    top, sgl = named_layer_ids(config)
+    if top and sgl and top != sgl:
+        raise ExportError(
+            f"{where}: vLLM reads layers {top} ({LAYER_IDS}), SGLang reads {sgl} (eagle_config.{LAYER_IDS} "
+            "plus 1): the folder would draft from other features in one of them"
+        )
+    mine, other = (top, sgl) if engine == "vllm" else (sgl, top)
+    if mine is None and other is not None:
+        raise ExportError(
+            f"{where}: only the other engine's layer ids are set ({other}); {engine} would read its default layers"
+        )
+    ids = mine or []
+    if ids != sorted(set(ids)):
+        raise ExportError(
+            f"{where}: feature layer ids {ids} are not ascending and unique; the engines concatenate the "
+            "captured states in layer order, so fc would read its inputs permuted"
+        )
+    L = ((config.get(EXPORT_BLOCK) or {}).get("from") or {}).get("num_target_layers")
+    if engine == "sglang" and L is not None and L in ids:
+        raise ExportError(
+            f"{where}: layer id {L - 1} in eagle_config.{LAYER_IDS} is the last layer's output; SGLang captures "
+            f"the input of layer id + 1 and the target has {L} layers, so it is never captured"
+        )
+
+
 def check_weights(
-    table: EngineTable, dims: Dims, have: dict[str, tuple[tuple[int, ...], str]], where: str
+    table: EngineTable,
+    dims: Dims,
+    have: dict[str, tuple[tuple[int, ...], str]],
+    where: str,
+    release: Release | None = None,
 ) -> None:
     """Every expected key present with its shape and dtype, nothing else; all problems in one error."""
     want = table.expected(dims)
@@ -103,9 +149,11 @@ def check_weights(
             )
         if got_dtype != dtype:
             problems.append(f"key {name!r}: the table expects dtype {dtype}, the file has {got_dtype}")
+    release = release or release_for(table.engine)
     for name in sorted(set(have) - set(want)):
         problems.append(
-            f"unexpected key {name!r} of shape {list(have[name][0])}: {table.engine} would drop it without an error"
+            f"unexpected key {name!r} of shape {list(have[name][0])}: in {release.label} a weight name the model "
+            f"lacks is {release.unknown_weights}"
         )
     if problems:
         raise ExportError(
@@ -121,9 +169,15 @@ def read_config(folder: Path) -> dict:
 
 
 def check_folder(
-    folder: str | Path, engine: str, method: str | None = None, expect: Dims | None = None
+    folder: str | Path,
+    engine: str,
+    method: str | None = None,
+    expect: Dims | None = None,
+    release: Release | None = None,
 ) -> Dims:
-    """Check a folder against the (engine, method) table; returns the sizes its config declares.
+    """Check a folder against the (engine, method) table and what `release` loads (default: the range its
+    `headway_export` block names, else the newest checked range that loads it); returns the sizes its
+    config declares.
 
     `method` None: take it from the config's architectures. `expect`: sizes it must declare (export
     passes the source checkpoint's, so a config and weights that agree with each other but not with
@@ -143,6 +197,10 @@ def check_folder(
     where = str(folder / CONFIG_FILE)
     check_config(table, config, where)
     dims = dims_from_config(found, config, where)
+    release = release or release_of_folder(config, engine, found, dims, where)
+    check_release(release, found, dims, where)
+    if found == "eagle3":
+        check_layer_ids(config, engine, where)
     if expect is not None:
         for f in fields(Dims):
             a, b = getattr(expect, f.name), getattr(dims, f.name)
@@ -158,5 +216,5 @@ def check_folder(
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise ExportError(f"{folder} has no {WEIGHTS_FILE}")
-    check_weights(table, dims, weight_header(weights), str(weights))
+    check_weights(table, dims, weight_header(weights), str(weights), release)
     return dims

@@ -4,11 +4,14 @@
     dims = dims_from_config("eagle3", json.load(open("exports/eagle3-vllm/config.json")))
     for name, (shape, dtype) in TABLES[("vllm", "eagle3")].expected(dims).items(): print(name, shape, dtype)
 
-Both engines drop weight names they do not expect and leave a weight the file lacks as it was
-initialised, without an error, so a wrongly named export drafts garbage silently. These tables are the
-contract: export writes to them and checks the written folder against them (export/check.py); `--from`
-checks a folder against them before loading it back. One table per (engine, method); shapes are functions of the
-draft config's sizes (`Dims`), which come from the folder's own config.json.
+A weight the file lacks stays as the engine initialised it, without an error, and a name the engine
+does not expect is skipped without a word by SGLang's EAGLE-3 loader and by vLLM up to 0.32 (vLLM 0.33
+raises, except for names ending in `.bias`), so a wrongly named export may draft garbage silently.
+These tables are the contract: export writes to them and checks the written folder against them
+(export/check.py); `--from` checks a folder against them before loading it back. One table per
+(engine, method), shared by every release range of that engine; what changed between releases is in
+export/releases.py. Shapes are functions of the draft config's sizes (`Dims`), which come from the
+folder's own config.json.
 
 Checked against these loader sources (read, not copied; repo, path @ commit):
 - vLLM Medusa: vllm-project/vllm vllm/model_executor/models/medusa.py
@@ -30,6 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 CONFIG_FILE = "config.json"
+# config.json block of an engine export: where it came from (the source's `headway` block); engines ignore it.
+EXPORT_BLOCK = "headway_export"
+LAYER_IDS = "eagle_aux_hidden_state_layer_ids"  # EAGLE-3 feature layers, in each engine's numbering
 WEIGHTS_FILE = "model.safetensors"
 # Files an engine would read weights from besides ours: a stray one would be loaded too.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
@@ -167,8 +173,10 @@ EAGLE3_ENTRIES = (
     *_llama_layer("midlayer", 2, input_norm=True, extra_norms=("hidden_norm",)),
     Entry("norm.weight", "[h]", lambda d: (d.hidden,)),
     Entry("lm_head.weight", "[V', h]", lambda d: (d.draft_vocab, d.hidden)),
-    Entry("d2t", "[V']", lambda d: (d.draft_vocab,), INT64),  # target id = draft id + d2t[draft id]
-    Entry("t2d", "[V]", lambda d: (d.vocab,), BOOL),
+    # target id = draft id + d2t[draft id]. Only with a reduced vocabulary: with V' = V vLLM >= 0.31 has
+    # no parameter to load d2t into (it raises), and without d2t every engine maps draft id = target id.
+    Entry("d2t", "[V']", lambda d: (d.draft_vocab,), INT64, when=lambda d: d.draft_vocab < d.vocab),
+    Entry("t2d", "[V]", lambda d: (d.vocab,), BOOL, when=lambda d: d.draft_vocab < d.vocab),
 )
 
 # Sizes, and the values that change the layer's output without changing a shape.

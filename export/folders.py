@@ -2,6 +2,7 @@
 
     from headway.export.folders import export, load_exported
     export("runs/llama-3.1-8b-instruct/eagle3", to="vllm", out="exports/llama-3.1-8b-instruct/eagle3-vllm")
+    export("runs/x/medusa", to="vllm", out="exports/x-medusa-vllm-0.11", engine_version="0.11")
     drafter = load_exported("exports/llama-3.1-8b-instruct/eagle3-vllm", "vllm", target)  # same draft logits
     python scripts/export.py --checkpoint runs/smollm2-135m/eagle3 --to sglang --out exports/smollm2-eagle3-sglang
 
@@ -9,7 +10,11 @@ An engine folder is config.json + model.safetensors exactly as export/engine_key
 (engine, method) says, made by the rule of export/rules.py. It is written under a temporary name beside
 --out, checked against the table, and only then renamed into place, so a refused or killed export
 leaves --out as it was. config.json also carries a `headway_export` block (the source's headway
-config; engines ignore it). `hf` writes headway's own folder with a model card (export/model_card.py).
+config and the release range it was written for; engines ignore it). `engine_version` picks the
+release range (export/releases.py; default: the newest checked). Engine folders hold the weights in the
+target's dtype (export/checkpoint.py `target_dtype`; SGLang would turn a float32 draft into float16
+under `--dtype auto` beside a bfloat16 target) unless `dtype` says otherwise. `hf` writes headway's own
+folder with a model card (export/model_card.py), in the checkpoint's own dtype unless `dtype` is given.
 """
 
 from __future__ import annotations
@@ -24,13 +29,21 @@ from pathlib import Path
 import torch
 
 from headway.export.check import check_folder, read_config, weight_header
-from headway.export.checkpoint import Checkpoint, method_of_headway, read_checkpoint, write_headway
+from headway.export.checkpoint import (
+    Checkpoint,
+    method_of_headway,
+    read_checkpoint,
+    target_dtype,
+    write_headway,
+)
 from headway.export.engine_keys import CONFIG_FILE, WEIGHTS_FILE, ExportError, method_of_config
+from headway.export.releases import release_for
 from headway.export.rules import check_layer_config, engine_files, expected_dims, to_headway
 from headway.heads.eagle import load_drafter
 from headway.heads.medusa import MedusaHeads
 
 TARGETS = ("vllm", "sglang", "hf")
+TARGET_DTYPE = "target"  # `dtype` default of engine exports: the target's own dtype
 # Files of a training run that travel with an `hf` export (the rest, checkpoints/, stays behind).
 RUN_FILES = ("run_config.json", "train_summary.json")
 
@@ -41,6 +54,18 @@ class ExportResult:
     engine: str
     method: str
     notes: list[str] = field(default_factory=list)  # what the user must know (printed by the CLI)
+    release: object | None = None  # export/releases.py Release the folder was checked for (engines only)
+    serve: dict[str, str] = field(default_factory=dict)  # llamacpp: target GGUF kind -> serve command
+
+
+def resolve_dtype(ckpt: Checkpoint, dtype) -> tuple[torch.dtype | None, str | None]:
+    """(the dtype to write, a note saying why); `dtype` "target": the target's, None: the checkpoint's own."""
+    if dtype != TARGET_DTYPE:
+        return dtype, None
+    found, where = target_dtype(ckpt)
+    if found is None:
+        return None, "the target's dtype is not known here (no config.json of it): weights keep the checkpoint's dtype"
+    return found, f"weights in {str(found).removeprefix('torch.')}, the target's dtype (from {where}); --dtype overrides"
 
 
 def cast_floats(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
@@ -94,10 +119,15 @@ def export(
     to: str,
     out: str | Path,
     force: bool = False,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = TARGET_DTYPE,
     report: str | Path | None = None,
+    engine_version: str | None = None,
 ) -> ExportResult:
-    """Write `checkpoint` (a headway folder, or a Checkpoint from to_headway) for `to` into `out`."""
+    """Write `checkpoint` (a headway folder, or a Checkpoint from to_headway) for `to` into `out`.
+
+    dtype: "target" (engines: the target's dtype; hf: the checkpoint's), a torch dtype, or None (keep).
+    engine_version: a release (0.30.1) or range name (0.12-0.32) of `to`; None: the newest checked.
+    """
     from safetensors.torch import save_file
 
     if to not in TARGETS:
@@ -106,12 +136,15 @@ def export(
     out = Path(out)
     check_out(out, force, ckpt.folder)
     if to == "hf":
-        return _export_hf(ckpt, out, dtype, report)
+        return _export_hf(ckpt, out, None if dtype == TARGET_DTYPE else dtype, report)
 
-    config, state, notes = engine_files(ckpt, to)
+    release = release_for(to, engine_version)
+    config, state, notes = engine_files(ckpt, to, release)
+    dtype, why = resolve_dtype(ckpt, dtype)
+    notes += [why] if why else []
     state = cast_floats(state, dtype)
-    if dtype is not None and ckpt.method != "medusa":
-        config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    written = next(v.dtype for v in state.values() if v.is_floating_point())
+    config["torch_dtype"] = config["dtype"] = str(written).removeprefix("torch.")  # one dtype, the file's
     want = expected_dims(ckpt)
 
     def write(tmp: Path) -> None:
@@ -120,8 +153,8 @@ def export(
         )
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
 
-    write_atomically(out, write, lambda tmp: check_folder(tmp, to, ckpt.method, expect=want))
-    return ExportResult(out, to, ckpt.method, notes)
+    write_atomically(out, write, lambda tmp: check_folder(tmp, to, ckpt.method, expect=want, release=release))
+    return ExportResult(out, to, ckpt.method, notes, release)
 
 
 def _export_hf(ckpt: Checkpoint, out: Path, dtype, report) -> ExportResult:

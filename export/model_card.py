@@ -173,12 +173,17 @@ def model_card(ckpt, report_path: Path | None) -> str:
     lines += [
         "```",
         "",
-        "For vLLM or SGLang, export this folder first (the checked key tables of export/engine_keys.py):",
+        "For vLLM, SGLang or llama.cpp, export this folder first (checked against each engine release's loader):",
         "",
         "```",
     ]
-    engines = ["vllm"] if ckpt.method == "medusa" else ["vllm", "sglang"]
-    for e in engines:
-        lines.append(f"python scripts/export.py --checkpoint <this folder> --to {e} --out <{e} folder>")
+    own = ckpt.own
+    if ckpt.method == "medusa":  # no Medusa in vLLM 0.33 or SGLang; reduced vocabularies only up to vLLM 0.11
+        reduced = (own.get("draft_vocab_size") or own["vocab_size"]) < own["vocab_size"]
+        targets = [("vllm", " --engine-version 0.11" if reduced else " --engine-version 0.32")]
+    else:
+        targets = [("vllm", ""), ("sglang", "")] + ([("llamacpp", "")] if ckpt.method == "eagle3" else [])
+    for e, version in targets:
+        lines.append(f"python scripts/export.py --checkpoint <this folder> --to {e}{version} --out <{e} folder>")
     lines += ["```", ""]
     return "\n".join(lines)

@@ -12,11 +12,16 @@ What is exact, per (engine, method):
   as no rewrite of the weights reproduces them. SGLang's fc has a bias: a zero one is written.
 - EAGLE-3 -> vLLM / SGLang: a per-dimension feature scale folds into fc (fc(f / s) = (W / s) f), so
   the folder has no `feature_scale` and loads back as a drafter with feature_norm none (equal logits up
-  to float rounding of the fold; bit-identical without a scale). Non-default feature layers are written
-  in each engine's numbering (headway/features.py: vLLM counts hidden_states indices as headway does,
-  SGLang layer outputs).
+  to float rounding of the fold; bit-identical without a scale). Every folder names its feature layers
+  in both engines' numbering (headway/features.py): the top-level `eagle_aux_hidden_state_layer_ids`
+  (hidden_states indices, what vLLM and llama.cpp read) and `eagle_config.eagle_aux_hidden_state_layer_ids`
+  (layer outputs, what SGLang reads and adds 1 to), so a folder written for one engine reads the same
+  layers in the other. Both engines concatenate the captured states in layer order: layers listed out
+  of order are sorted and fc's input blocks permuted with them (exact); SGLang cannot capture the last
+  layer's output (hidden_states[L]), so such a drafter is refused for SGLang. With the full vocabulary
+  (V' = V) `d2t`/`t2d` are left out (vLLM >= 0.31 raises on a `d2t` there; without it draft id = target id).
 Both engines build a Llama decoder layer for these drafters: a drafter of another layer type (Qwen2:
-q/k/v biases) is refused.
+q/k/v biases) is refused. What a release range cannot load at all is refused by export/releases.py.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from pathlib import Path
 
 import torch
 
-from headway.export.check import check_folder, read_config
-from headway.export.checkpoint import EXPORT_BLOCK, Checkpoint
+from headway.export.check import check_folder, named_layer_ids, read_config
+from headway.export.checkpoint import Checkpoint
 from headway.export.engine_keys import (
     CONFIG_FILE,
+    EXPORT_BLOCK,
+    LAYER_IDS,
     WEIGHTS_FILE,
     Dims,
     ExportError,
@@ -38,15 +45,16 @@ from headway.export.engine_keys import (
     method_of_config,
     table_for,
 )
-from headway.features import hidden_state_to_layer, layer_to_hidden_state
+from headway.export.releases import Release, check_release, release_for
+from headway.features import hidden_state_to_layer
 from headway.heads.eagle import FORMAT as EAGLE_FORMAT
 from headway.heads.eagle import EagleDrafterConfig, default_feature_layers
 from headway.heads.medusa import MedusaHeadsConfig
+from headway.heads.vocab import DraftVocab
 
 HEADWAY_ARCH = {"eagle1": ["EagleLlamaForCausalLM"], "eagle3": ["LlamaForCausalLMEagle3"]}
 # Layer types the engines' EAGLE models reproduce: they build vLLM/SGLang's Llama decoder layer.
 LLAMA_LAYERS = ("llama",)
-LAYER_IDS = "eagle_aux_hidden_state_layer_ids"
 
 
 # ---------------------------------------------------------------- headway -> engine
@@ -68,9 +76,17 @@ def engine_weights(ckpt: Checkpoint, engine: str) -> dict[str, torch.Tensor]:
     state = {k: v for k, v in ckpt.state.items() if k != "feature_scale"}
     scale = ckpt.state.get("feature_scale")
     if ckpt.method == "eagle3":
+        layers = check_feature_layers(own, engine)
+        w = state["fc.weight"]
         if scale is not None:
-            w = state["fc.weight"]
-            state["fc.weight"] = (w.float() / scale.float()[None, :]).to(w.dtype)
+            w = (w.float() / scale.float()[None, :]).to(w.dtype)
+        # fc reads [f_a ; f_b ; f_c] in the listed order; the engines concatenate in layer order.
+        blocks = w.split(w.shape[1] // len(layers), dim=1)
+        order = sorted(range(len(layers)), key=lambda i: layers[i])
+        state["fc.weight"] = torch.cat([blocks[i] for i in order], dim=1)
+        if not reduced_vocab(own):
+            state.pop("d2t", None)
+            state.pop("t2d", None)
         return state
     if own.get("feature_source") != "post_norm":
         raise ExportError(
@@ -91,21 +107,40 @@ def engine_weights(ckpt: Checkpoint, engine: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def engine_layer_ids(engine: str, feature_layers: list[int]) -> dict:
-    """config.json keys naming EAGLE-3's feature layers (hidden_states indices) in `engine`'s numbering."""
-    if engine == "vllm":
-        return {LAYER_IDS: list(feature_layers)}
-    return {"eagle_config": {LAYER_IDS: [hidden_state_to_layer(i) for i in feature_layers]}}
+def reduced_vocab(own: dict) -> bool:
+    """An EAGLE-3 drafter over fewer tokens than the target (d2t/t2d are written only then)."""
+    return bool(own.get("draft_vocab_size")) and int(own["draft_vocab_size"]) < int(own["vocab_size"])
+
+
+def check_feature_layers(own: dict, engine: str) -> list[int]:
+    """EAGLE-3's feature layers (hidden_states indices) as the engine can capture them, else an ExportError."""
+    layers, L = list(own["feature_layers"]), int(own["num_target_layers"])
+    if len(set(layers)) != len(layers):
+        raise ExportError(
+            f"EAGLE-3 feature_layers {layers} repeat a layer: the engines capture each layer once, so fc would "
+            "read fewer features than it was trained on"
+        )
+    if engine == "sglang" and L in layers:
+        raise ExportError(
+            f"EAGLE-3 feature_layers {layers} include hidden_states[{L}], the last layer's output: SGLang "
+            f"captures the input of layer (id + 1), so its capture stops at the input of layer {L - 1}; "
+            "serve this drafter with vLLM or llama.cpp, or train with feature layers below the last"
+        )
+    return layers
+
+
+def engine_layer_ids(feature_layers: list[int]) -> dict:
+    """config.json keys naming EAGLE-3's feature layers (hidden_states indices) in both engines' numbering,
+    ascending (the order the engines concatenate the captured states in)."""
+    layers = sorted(feature_layers)
+    return {LAYER_IDS: layers, "eagle_config": {LAYER_IDS: [hidden_state_to_layer(i) for i in layers]}}
 
 
 def feature_layers_of(config: dict, engine: str, num_layers: int) -> list[int]:
-    """The inverse of `engine_layer_ids`: the feature layers an engine config names, else the engines' default."""
-    if engine == "vllm" and config.get(LAYER_IDS):
-        return list(config[LAYER_IDS])
-    ids = (config.get("eagle_config") or {}).get(LAYER_IDS)
-    if engine == "sglang" and ids:
-        return [layer_to_hidden_state(j) for j in ids]
-    return default_feature_layers(num_layers)
+    """The feature layers (hidden_states indices) `engine` reads from a folder's config, else its default."""
+    top, nested = named_layer_ids(config)
+    ids = top if engine == "vllm" else nested
+    return ids or default_feature_layers(num_layers)
 
 
 def _legacy_rope(config: dict) -> dict:
@@ -121,17 +156,24 @@ def _legacy_rope(config: dict) -> dict:
     return out
 
 
-def _provenance(ckpt: Checkpoint, engine: str, **extra) -> dict:
-    return {"engine": engine, "method": ckpt.method, "from": copy.deepcopy(ckpt.own), **extra}
+def _provenance(ckpt: Checkpoint, release: Release, **extra) -> dict:
+    return {
+        "engine": release.engine,
+        "engine_version": release.name,
+        "method": ckpt.method,
+        "from": copy.deepcopy(ckpt.own),
+        **extra,
+    }
 
 
-def engine_config(ckpt: Checkpoint, engine: str) -> tuple[dict, list[str]]:
+def engine_config(ckpt: Checkpoint, engine: str, release: Release | None = None) -> tuple[dict, list[str]]:
     """(config.json, notes for the user) of `ckpt` in `engine`'s format."""
     own, notes = ckpt.own, []
+    release = release or release_for(engine)
     if ckpt.method == "medusa":
         config = MedusaHeadsConfig.from_json(ckpt.config, CONFIG_FILE).to_json()
         config.pop("headway")
-        config[EXPORT_BLOCK] = _provenance(ckpt, engine)
+        config[EXPORT_BLOCK] = _provenance(ckpt, release)
         if ckpt.folder is not None and (ckpt.folder / "lora").is_dir():
             notes.append(
                 "Medusa-2 checkpoint: these heads were trained with LoRA adapters on the target (lora/); serve "
@@ -153,20 +195,31 @@ def engine_config(ckpt: Checkpoint, engine: str) -> tuple[dict, list[str]]:
         config["draft_vocab_size"] = int(own.get("draft_vocab_size") or own["vocab_size"])
         config["target_hidden_size"] = int(own["hidden_size"])  # the drafter's fc reads 3 target-sized features
         layers, default = list(own["feature_layers"]), default_feature_layers(own["num_target_layers"])
-        if layers != default:
-            config.update(engine_layer_ids(engine, layers))
+        config.update(engine_layer_ids(layers))
+        if layers != sorted(layers):
+            notes.append(f"feature layers {layers} written in layer order {sorted(layers)}, fc's input blocks with them")
+        if sorted(layers) != default and release.name == "<=0.11":
             notes.append(
-                f"feature layers {layers} differ from the engines' default {default}: written for {engine}, "
-                "but engine versions that predate configurable EAGLE-3 layers ignore it"
+                f"feature layers {sorted(layers)} differ from the engines' default {default}: vLLM releases "
+                "that predate configurable EAGLE-3 layers (before eagle_aux_hidden_state_layer_ids) read the default"
             )
-    config[EXPORT_BLOCK] = _provenance(ckpt, engine, **extra)
+    config[EXPORT_BLOCK] = _provenance(ckpt, release, **extra)
     return config, notes
 
 
-def engine_files(ckpt: Checkpoint, engine: str) -> tuple[dict, dict[str, torch.Tensor], list[str]]:
-    """(config.json, weights, notes) of `ckpt` in `engine`'s format; refuses what the engine cannot run."""
+def engine_files(
+    ckpt: Checkpoint, engine: str, release: Release | None = None
+) -> tuple[dict, dict[str, torch.Tensor], list[str]]:
+    """(config.json, weights, notes) of `ckpt` in `engine`'s format; refuses what the engine, or the
+    release range (default: the newest checked), cannot run."""
+    release = release or release_for(engine)
+    if release.engine != engine:
+        raise ExportError(f"release {release.label} is not a {engine} release")
+    where = str(ckpt.folder) if ckpt.folder is not None else "checkpoint"
+    table_for(engine, ckpt.method)  # the engine's own refusals first (SGLang has no Medusa at all)
+    check_release(release, ckpt.method, expected_dims(ckpt), where)
     state = engine_weights(ckpt, engine)
-    config, notes = engine_config(ckpt, engine)
+    config, notes = engine_config(ckpt, engine, release)
     return config, state, notes
 
 
@@ -235,6 +288,9 @@ def to_headway(folder: str | Path, engine: str, target_config=None) -> Checkpoin
             f"{where}: target_hidden_size={dims.target_hidden} differs from hidden_size={dims.hidden}; "
             "headway's EAGLE-3 drafter has the target's hidden size"
         )
+    if method == "eagle3" and "d2t" not in state:  # full vocabulary: the engines' identity map
+        full = DraftVocab.full(dims.vocab)
+        state.update(d2t=full.d2t, t2d=full.t2d)
     own = EagleDrafterConfig(
         version=1 if method == "eagle1" else 3,
         hidden_size=dims.hidden,

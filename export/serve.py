@@ -1,6 +1,7 @@
 """How to serve an exported folder: the engine's command line.
 
     print(serve_command("eagle3", "vllm", "exports/x-eagle3-vllm", "meta-llama/Llama-3.1-8B-Instruct"))
+    print(llamacpp_serve_command("llama-server", "target-f16.gguf", "draft-f16.gguf", n_max=1))
 """
 
 from __future__ import annotations
@@ -24,3 +25,13 @@ def serve_command(method: str, engine: str, folder: str, target: str, num_heads:
         f"--speculative-draft-model-path {folder} --speculative-num-steps 3 --speculative-eagle-topk 4 "
         "--speculative-num-draft-tokens 16"
     )
+
+
+def llamacpp_serve_command(server, target_gguf, draft_gguf, n_max: int, threads: int | None = None) -> str:
+    """llama-server with an EAGLE-3 draft: `n_max` draft tokens per step; threads None: llama.cpp's default
+    (every core; on a CPU other processes share, one thread is steadier: a core taken stalls the others)."""
+    args = [str(server), "-m", str(target_gguf), "-md", str(draft_gguf), "--spec-type", "draft-eagle3"]
+    args += ["--spec-draft-n-max", str(n_max)]
+    if threads is not None:
+        args += ["-t", str(threads), "-tb", str(threads)]
+    return " ".join(args)

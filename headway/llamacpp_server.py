@@ -6,8 +6,11 @@
 
 The prompt goes in as token ids (rendered by headway's chat template), so llama.cpp's own tokenizer
 and template never enter a comparison. Greedy is `top_k: 1` with the `top_k` sampler alone; EOS is
-masked (`ignore_eos`) so every run yields the same count, as headway's references do. `extra_args`
-adds server flags, e.g. `["-md", "draft.gguf", "--spec-type", "draft-eagle3"]`.
+masked (`ignore_eos`) so every run yields the same count, as headway's references do (pass
+`ignore_eos=False` to stop there). `extra_args` adds server flags, e.g. `["-md", "draft.gguf",
+"--spec-type", "draft-eagle3"]`; with `--metrics` among them, `spec_counters()` reads the server's
+speculative counters (drafted, accepted, verification steps, accepted per draft position), whose
+difference over one request is that request's.
 """
 
 from __future__ import annotations
@@ -103,6 +106,53 @@ class LlamaServer:
         except urllib.error.HTTPError as e:
             raise RuntimeError(f"llama-server /completion failed ({e.code}): {e.read().decode()[:2000]}") from e
         return Completion(tokens=list(out["tokens"]), timings=dict(out["timings"]))
+
+    def spec_counters(self) -> SpecCounters:
+        """The server's speculative counters so far (started with `--metrics`)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            return parse_spec_counters(r.read().decode())
+
+
+SPEC_COUNTERS = {
+    "llamacpp:spec_decode_num_draft_tokens_total": "drafted",
+    "llamacpp:spec_decode_num_accepted_tokens_total": "accepted",
+    "llamacpp:spec_decode_num_drafts_total": "steps",  # verification steps that carried a draft
+}
+PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    per_position: tuple[int, ...] = ()  # accepted drafts at draft position 0, 1, ...
+
+    def __sub__(self, other: SpecCounters) -> SpecCounters:
+        n = max(len(self.per_position), len(other.per_position))
+        a = self.per_position + (0,) * (n - len(self.per_position))
+        b = other.per_position + (0,) * (n - len(other.per_position))
+        return SpecCounters(
+            self.drafted - other.drafted,
+            self.accepted - other.accepted,
+            self.steps - other.steps,
+            tuple(x - y for x, y in zip(a, b, strict=True)),
+        )
+
+
+def parse_spec_counters(text: str) -> SpecCounters:
+    """The speculative counters of llama-server's Prometheus `/metrics` text (zeros when none are listed)."""
+    values, positions = {}, {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        if name in SPEC_COUNTERS:
+            values[SPEC_COUNTERS[name]] = int(float(value))
+        elif name.startswith(PER_POSITION + "{"):
+            positions[int(name.split('"')[1])] = int(float(value))
+    per_position = tuple(positions.get(i, 0) for i in range(len(positions)))
+    return SpecCounters(**values, per_position=per_position)
 
 
 def _free_port() -> int:

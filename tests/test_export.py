@@ -35,6 +35,8 @@ PAIRS = [
     ("vllm", "eagle3"),
     ("sglang", "eagle3"),
 ]
+# A reduced-vocabulary Medusa (VOCAB) loads only in vLLM <= 0.11 (test_export_releases.py has the rest).
+VERSION = {"medusa": "<=0.11"}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def _heads(target, method: str, scaled: bool = True, layers=(1, 2, 3), **kw):
     else:
         norm = "per_dim" if scaled else "none"
         h = Eagle3Drafter.from_target(
-            target, feature_layers=list(layers), vocab=VOCAB, feature_norm=norm, target_name="tiny", **kw
+            target, feature_layers=None if layers is None else list(layers), vocab=VOCAB, feature_norm=norm, target_name="tiny", **kw
         )
         if scaled:
             with torch.no_grad():  # a non-trivial scale, so the fold into fc is exercised
@@ -125,7 +127,7 @@ def _issue_shapes(engine: str, method: str) -> dict:
 @pytest.mark.parametrize("engine,method", PAIRS)
 def test_every_table_entry_written_with_the_issues_shapes(tmp_path, target, engine, method):
     out = tmp_path / "out"
-    export(_saved(tmp_path, target, method), engine, out)
+    export(_saved(tmp_path, target, method), engine, out, engine_version=VERSION.get(method))
     have = weight_header(out / "model.safetensors")
     want = _issue_shapes(engine, method)
     assert {k: v[0] for k, v in have.items()} == want
@@ -169,7 +171,7 @@ def test_optional_medusa_entries_absent_when_off(tmp_path, target):
     torch.manual_seed(0)
     heads = MedusaHeads.from_target(target, 2, 1, vocab=None, fc_bias=False, target_name="tiny")
     heads.save_pretrained(tmp_path / "ckpt")
-    export(tmp_path / "ckpt", "vllm", tmp_path / "out")
+    export(tmp_path / "ckpt", "vllm", tmp_path / "out", engine_version="0.32.0")
     names = set(weight_header(tmp_path / "out" / "model.safetensors"))
     assert names == {
         "blocks.0.layers.0.weight",
@@ -191,7 +193,7 @@ def _rewrite(folder: Path, edit) -> None:
 def test_broken_folders_refused_naming_the_key(tmp_path, target, engine, method):
     """For every key: renamed -> missing and unexpected named; wrong shape -> key and both shapes named."""
     good = tmp_path / "good"
-    export(_saved(tmp_path, target, method), engine, good)
+    export(_saved(tmp_path, target, method), engine, good, engine_version=VERSION.get(method))
     names = sorted(weight_header(good / "model.safetensors"))
     for i, name in enumerate(names):
         bad = tmp_path / f"renamed{i}"
@@ -246,7 +248,7 @@ ROUND_TRIPS = [(e, m, False) for e, m in PAIRS] + [("vllm", "eagle3", True), ("s
 def test_round_trip_gives_identical_draft_logits(tmp_path, target, engine, method, scaled):
     heads = _heads(target, method, scaled=scaled)
     heads.save_pretrained(tmp_path / "ckpt")
-    export(tmp_path / "ckpt", engine, tmp_path / "out")
+    export(tmp_path / "ckpt", engine, tmp_path / "out", engine_version=VERSION.get(method))
     back = load_exported(tmp_path / "out", engine, target)
     assert type(back) is type(heads)
     ids = _ids()
@@ -304,23 +306,25 @@ def test_round_trip_through_the_other_engine_and_hf(tmp_path, target):
         assert torch.equal(x, y)
 
 
-def test_feature_layers_written_per_engine(tmp_path, target):
-    """Non-default layers: vLLM counts the input of layer i as i, SGLang as i - 1; both load back as [1, 2, 3]."""
+def test_feature_layers_written_for_both_engines(tmp_path, target):
+    """Every EAGLE-3 folder names its layers in both numberings: vLLM's hidden_states index i, SGLang's
+    layer output i - 1; default layers too, so a folder served by the other engine reads the same layers."""
     export(_saved(tmp_path, target, "eagle3"), "vllm", tmp_path / "v")
     export(tmp_path / "ckpt", "sglang", tmp_path / "s")
-    assert json.loads((tmp_path / "v" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [
-        1,
-        2,
-        3,
-    ]
-    sgl = json.loads((tmp_path / "s" / "config.json").read_text())
-    assert sgl["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
-    assert "eagle_aux_hidden_state_layer_ids" not in sgl
-    default = [2, L // 2, L - 3]
-    export(_saved(tmp_path, target, "eagle3", name="d", layers=default), "vllm", tmp_path / "vd")
+    for name in ("v", "s"):
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+        assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+        check_folder(tmp_path / name, "vllm")  # each folder loads in both engines
+        check_folder(tmp_path / name, "sglang")
+    deep = tiny_llama(vocab_size=V, hidden_size=H, num_layers=8, seed=0)  # default layers [2, 4, 5]
+    default = [2, 4, 5]
+    export(_saved(tmp_path, deep, "eagle3", name="d", layers=None), "vllm", tmp_path / "vd")
     config = json.loads((tmp_path / "vd" / "config.json").read_text())
-    assert "eagle_aux_hidden_state_layer_ids" not in config and "eagle_config" not in config
-    assert load_exported(tmp_path / "vd", "vllm", target).config.feature_layers == default
+    assert config["eagle_aux_hidden_state_layer_ids"] == default
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert load_exported(tmp_path / "vd", "vllm", deep).config.feature_layers == default
+    assert load_exported(tmp_path / "vd", "sglang", deep).config.feature_layers == default
 
 
 def test_wrong_method_for_the_engine_refused(tmp_path, target):
@@ -328,7 +332,7 @@ def test_wrong_method_for_the_engine_refused(tmp_path, target):
     with pytest.raises(ExportError, match="SGLang has no Medusa"):
         export(medusa, "sglang", tmp_path / "x")
     assert not (tmp_path / "x").exists()
-    export(medusa, "vllm", tmp_path / "m")
+    export(medusa, "vllm", tmp_path / "m", engine_version="0.11")
     with pytest.raises(ExportError, match="declares a medusa draft, not eagle3"):
         check_folder(tmp_path / "m", "vllm", "eagle3")
     export(_saved(tmp_path, target, "eagle1", name="e1"), "sglang", tmp_path / "e1s")
@@ -384,7 +388,7 @@ def test_out_folder_rules(tmp_path, target):
     with pytest.raises(ExportError, match="not empty"):
         export(ckpt, "vllm", out)
     assert (out / "old.txt").read_text() == "old"
-    export(ckpt, "vllm", out, force=True)
+    export(ckpt, "vllm", out, force=True, engine_version="0.11")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     with pytest.raises(ExportError, match="checkpoint folder"):
         export(ckpt, "hf", ckpt, force=True)
@@ -434,6 +438,7 @@ def test_hf_export_with_model_card(tmp_path, target):
     assert "Medusa-1 draft for tiny" in card and f"{K} heads" in card
     assert "| gsm8k | math | 40 |" in card and "max_new_tokens 99" in card
     assert "| math | 5 | 2.35 | 1.68x | 1.10x |" in card and "12 steps" in card
+    assert "--to vllm --engine-version 0.11 --out" in card and "--to sglang" not in card  # reduced vocabulary
     assert sorted(p.name for p in (tmp_path / "hub").iterdir()) == [
         "README.md",
         "config.json",
@@ -453,6 +458,7 @@ def test_hf_export_with_model_card(tmp_path, target):
     export(other, "hf", tmp_path / "hub3")
     card = (tmp_path / "hub3" / "README.md").read_text()
     assert "Not measured" in card and "EAGLE-3 draft for tiny" in card
+    assert "--to sglang --out" in card and "--to llamacpp --out" in card
 
 
 def _cli():
@@ -499,6 +505,8 @@ def test_cli(tmp_path, target, capsys):
                 str(tmp_path / "mb"),
                 "--dtype",
                 "bfloat16",
+                "--engine-version",
+                "0.11",
             ]
         )
         == 0

@@ -26,7 +26,7 @@ from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
 from headway.heads.medusa import MedusaHeads
 from headway.heads.vocab import DraftVocab
 
-V, H, L = 512, 64, 5
+V, H, L = 512, 64, 8  # EAGLE-3's default layers [2, 4, 5] (with 5 layers they would repeat: refused)
 VOCAB = DraftVocab(torch.tensor(sorted(set(range(1, V, 4)) | {2}), dtype=torch.int64), V)
 
 
@@ -88,13 +88,16 @@ def engine_eagle1(folder, target, tokens, features, positions, engine):
 
 
 def engine_eagle3_aux_ids(cfg: dict, engine: str, num_layers: int) -> list[int]:
-    """The target layers whose inputs the engine captures (transformers' hidden_states[i])."""
+    """The target layers whose inputs the engine captures (transformers' hidden_states[i]), in the order it
+    concatenates them: both capture inside the loop over decoder layers, i.e. in layer order."""
+    ids = [2, num_layers // 2, num_layers - 3]
     if engine == "vllm" and cfg.get("eagle_aux_hidden_state_layer_ids"):
-        return list(cfg["eagle_aux_hidden_state_layer_ids"])
-    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if engine == "sglang" and ids:
-        return [i + 1 for i in ids]  # SGLang captures the output of layer i, i.e. the input of layer i + 1
-    return [2, num_layers // 2, num_layers - 3]
+        ids = list(cfg["eagle_aux_hidden_state_layer_ids"])
+    nested = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if engine == "sglang" and nested:
+        ids = [i + 1 for i in nested]  # SGLang captures the output of layer i, i.e. the input of layer i + 1
+        assert max(ids) < num_layers  # the input of layer L does not exist: never captured
+    return [i for i in range(num_layers + 1) if i in ids]
 
 
 def engine_eagle3(folder, target, tokens, hidden, positions):
@@ -109,6 +112,9 @@ def engine_eagle3(folder, target, tokens, hidden, positions):
     out = _mlp(_rms(residual, w["midlayer.post_attention_layernorm.weight"], eps), w, "midlayer.mlp")
     prenorm = out + residual
     draft = F.linear(_rms(prenorm, w["norm.weight"], eps), w["lm_head.weight"])
+    if "d2t" not in w:  # vLLM: no draft_id_to_target_id (>= 0.31) or a zero one; SGLang: no hot_token_id
+        assert cfg["draft_vocab_size"] == cfg["vocab_size"] and "t2d" not in w
+        return draft, prenorm
     full = draft.new_full((*draft.shape[:-1], cfg["vocab_size"]), float("-inf"))
     full[..., torch.arange(cfg["draft_vocab_size"]) + w["d2t"]] = draft
     return full, prenorm
@@ -125,16 +131,22 @@ def _ids(n=9):
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-@pytest.mark.parametrize("layers", [[1, 3, 4], None])
-def test_eagle3_as_the_engines_compute_it(tmp_path, target, engine, layers):
+@pytest.mark.parametrize(
+    "layers,vocab",
+    [([1, 3, 4], VOCAB), (None, VOCAB), ([4, 1, 3], VOCAB), ([1, 3, 4], None)],
+    ids=["layers", "default", "unordered", "full-vocab"],
+)
+def test_eagle3_as_the_engines_compute_it(tmp_path, target, engine, layers, vocab):
+    """Also layers listed out of order (fc's blocks permuted into layer order) and V' = V (no d2t)."""
     torch.manual_seed(0)
-    d = Eagle3Drafter.from_target(target, feature_layers=layers, vocab=VOCAB, feature_norm="per_dim")
+    d = Eagle3Drafter.from_target(target, feature_layers=layers, vocab=vocab, feature_norm="per_dim")
     _randomize(d)
     with torch.no_grad():
         d.feature_scale.uniform_(0.5, 2.0)
     d.eval().save_pretrained(tmp_path / "ckpt")
     export(tmp_path / "ckpt", engine, tmp_path / "out")
     cfg, w = _read(tmp_path / "out")
+    assert ("d2t" in w) == ("t2d" in w) == (vocab is not None)
 
     ids = _ids()
     T = ids.shape[1] - 1
@@ -195,14 +207,18 @@ def test_eagle1_as_the_engines_compute_it(tmp_path, target, engine):
         torch.testing.assert_close(step2.logits[:, -1], ref2[:, -1], rtol=1e-5, atol=1e-5)
 
 
-def test_medusa_as_vllm_computes_it(tmp_path, target):
-    """medusa.py: x + SiLU(layer(x)) per layer, lm_heads.i, logits scattered to token_map ids (-inf elsewhere)."""
+@pytest.mark.parametrize("vocab,version", [(VOCAB, "0.11"), (None, "0.32")], ids=["reduced-0.11", "full-0.32"])
+def test_medusa_as_vllm_computes_it(tmp_path, target, vocab, version):
+    """medusa.py: x + SiLU(layer(x)) per layer, lm_heads.i, logits scattered to token_map ids (-inf elsewhere)
+    when truncated_vocab_size < vocab_size (vLLM <= 0.11 only); full-vocabulary heads as they are."""
     torch.manual_seed(0)
-    heads = MedusaHeads.from_target(target, 3, 2, vocab=VOCAB)
+    heads = MedusaHeads.from_target(target, 3, 2, vocab=vocab)
     _randomize(heads)
     heads.eval().save_pretrained(tmp_path / "ckpt")
-    export(tmp_path / "ckpt", "vllm", tmp_path / "out")
+    export(tmp_path / "ckpt", "vllm", tmp_path / "out", engine_version=version)
     cfg, w = _read(tmp_path / "out")
+    reduced = cfg["truncated_vocab_size"] < cfg["vocab_size"]
+    assert reduced == (vocab is not None) == ("token_map" in w)
     with torch.no_grad():
         hidden = target(_ids(), output_hidden_states=True).hidden_states[-1]
         ours = heads(hidden)
@@ -212,5 +228,7 @@ def test_medusa_as_vllm_computes_it(tmp_path, target):
                 bias = w[f"blocks.{i}.layers.{j}.bias"] if cfg.get("medusa_fc_bias") else None
                 x = x + F.silu(F.linear(x, w[f"blocks.{i}.layers.{j}.weight"], bias))
             ref = F.linear(x, w[f"lm_heads.{i}.weight"])
-            assert cfg["truncated_vocab_size"] < cfg["vocab_size"]  # so vLLM reads token_map
-            torch.testing.assert_close(_to_full(ours[i], heads.token_map), _to_full(ref, w["token_map"]))
+            if reduced:
+                torch.testing.assert_close(_to_full(ours[i], heads.token_map), _to_full(ref, w["token_map"]))
+            else:
+                torch.testing.assert_close(ours[i], ref)

@@ -266,6 +266,7 @@ def _entries(tmp_path, recipe) -> dict:
         "scripts/generate_data.py": (["--config", str(recipe), "data.sources=[{path: nope.jsonl, domain: chat}]"], "nope.jsonl"),
         "scripts/export.py": (["--checkpoint", str(tmp_path / "bare"), "--to", "hf", "--out", "x"], "bare"),
         "scripts/prepare_target.py": (["--config", str(tmp_path / "nope.yaml")], "nope.yaml"),
+        "scripts/evaluate_llamacpp.py": (["--export", str(tmp_path / "bare")], "headway_llamacpp.json"),
     }
 
 
