@@ -77,16 +77,19 @@ def data_feature_spec(names: list[str], num_layers: int) -> FeatureSpec:
     specs = []
     for name in names:
         if name in ("medusa", "final_normed"):
-            specs.append(FeatureSpec(final_normed=True))  # what Medusa-1 heads read
+            spec = FeatureSpec(final_normed=True)  # what Medusa-1 heads read
         elif name == "eagle":
-            specs.append(eagle_feature_spec(1, num_layers, training=True))
+            spec = eagle_feature_spec(1, num_layers, training=True)
         elif name == "eagle3":
-            specs.append(eagle_feature_spec(3, num_layers, training=True))
-        elif name.startswith("layer.") and name[6:].isdigit() and int(name[6:]) < num_layers:
-            specs.append(FeatureSpec(layers=(int(name[6:]),)))
+            spec = eagle_feature_spec(3, num_layers, training=True)
+        elif name.startswith("layer.") and name[6:].isdigit():
+            spec = FeatureSpec(layers=(int(name[6:]),))
         else:
+            raise ValueError(f"data.features: {name!r} is not one of {', '.join(DATA_FEATURE_NAMES)}")
+        if any(not 0 <= i < num_layers for i in spec.layers):
             raise ValueError(
-                f"data.features: {name!r} is not one of {', '.join(DATA_FEATURE_NAMES)} "
-                f"(layer.N with N in 0..{num_layers - 1}: decoder layer outputs, 0-based)"
+                f"data.features: {name!r} asks for decoder layers {list(spec.layers)}, the target has layers "
+                f"0..{num_layers - 1} (layer.N counts decoder layer outputs, 0-based)"
             )
+        specs.append(spec)
     return union(*specs)

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from lossless_common import one_thread  # noqa: F401  (small ops: one thread is steadier on a shared CPU)
+from test_data import PROMPTS
 
 from headway.config import Config, DataConfig, GenerationConfig, MedusaConfig, SourceConfig, TrainConfig
 from headway.data.dataset import load_distilled
@@ -18,14 +19,6 @@ from headway.data.features import OnlineFeatures, data_feature_spec
 from headway.features import FeatureSpec, feature_key
 from headway.train.recipe import ensure_feature_cache
 
-PROMPTS = [
-    {"turns": ["Name a colour.", "And another one?"]},
-    {"turns": ["What is 2+2?"]},
-    {"turns": ["Write a haiku about rain.", "Now one about snow."]},
-    {"turns": ["Say hi."]},
-    {"turns": ["List three fruits."]},
-    {"turns": ["Count to five.", "Backwards now."]},
-]
 KEPT = ["layer.0", "final_normed"]  # the tiny target's layer 0 and final normed state
 SPEC = FeatureSpec(layers=(0,), final_normed=True)
 
@@ -109,7 +102,9 @@ def test_feature_names_resolve_per_head():
     assert data_feature_spec(["medusa", "eagle", "eagle3", "layer.3"], 30) == FeatureSpec(
         layers=(1, 3, 14, 26, 29), final_normed=True
     )
-    with pytest.raises(ValueError, match=r"data.features: 'layer.30' is not one of .*0\.\.29"):
+    with pytest.raises(ValueError, match=r"data.features: 'layer.30' asks for decoder layers \[30\].*0\.\.29"):
         data_feature_spec(["layer.30"], 30)
-    with pytest.raises(ValueError, match="'eagle2'"):
+    with pytest.raises(ValueError, match=r"'eagle3' asks for decoder layers \[1, 0, -2\]"):
+        data_feature_spec(["eagle3"], 2)  # a 2-layer target has no EAGLE-3 default layers
+    with pytest.raises(ValueError, match="'eagle2' is not one of medusa, eagle, eagle3"):
         data_feature_spec(["eagle2"], 30)

@@ -307,7 +307,7 @@ def test_two_cpu_processes_split_the_shards(tmp_path, tiny_smol_vocab, smol_tok)
         str(root / "scripts/generate_data.py"), "--config", str(root / "configs/smollm2-135m/data.yaml"),
         f"target.name={target}", "target.hidden_size=null", "target.num_hidden_layers=null", "target.vocab_size=null",
         f"data.output_dir={out}", f"data.sources=[{{path: {src}, domain: chat}}]",
-        "data.generation.max_new_tokens=6", "data.generation.shard_size=1",
+        "data.generation.max_new_tokens=6", "data.generation.shard_size=1", "data.features=[]",
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

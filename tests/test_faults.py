@@ -90,7 +90,7 @@ def test_another_train_split_is_refused(tmp_path):
 
 def _loop_run(out, target, rows, on_step_end=None, save_state=None, **kw):
     from headway.data.features import OnlineFeatures
-    from headway.features import FeatureSpec, feature_key
+    from headway.features import FeatureSpec
     from headway.heads.medusa import MedusaHeads
     from headway.heads.medusa_loss import MedusaObjective
     from headway.train.loop import make_accelerator, train
