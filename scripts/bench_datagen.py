@@ -83,6 +83,7 @@ def main() -> None:
         }
         stats = {name: {"tokens": 0, "seconds": 0.0, "peak": 0} for name in methods}
         same = total = 0
+        table = None
         for r in range(args.rounds):
             batch = [prompts[(start + i) % len(prompts)] for i in range(n)]
             start += n
@@ -93,7 +94,7 @@ def main() -> None:
                 with measure(model.device) as m, torch.inference_mode(), _profiler(profiling) as prof:
                     answers[name] = methods[name](batch)
                 if profiling:
-                    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+                    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
                 s = stats[name]
                 s["tokens"] += sum(map(len, answers[name]))
                 s["seconds"] += m.seconds
@@ -107,6 +108,8 @@ def main() -> None:
             f"{mib(stats['headway']['peak']):>13} {mib(stats['generate']['peak']):>14} {same:>6}/{total:<6}",
             flush=True,
         )
+        if table is not None:
+            print(f"headway's first round at batch {bs}, by operator:\n{table}")
 
 
 def _profiler(enabled: bool):
