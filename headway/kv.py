@@ -1,12 +1,16 @@
-"""The one module that reaches into a transformers KV cache: crop it, keep a path in it, drop rows.
+"""The one module that reaches into a transformers KV cache: crop it, keep a path in it, drop rows,
+and the preallocated per-row window continuous batching writes into.
 
     crop(cache, 12)            # back to the first 12 slots (drop a verified tree, a draft's nodes)
     keep_path(cache, 12, path) # per row, slots 12 + path[b, j] -> 12 + j, then crop to 12 + L
     select_rows(cache, keep)   # finished rows leave the batch
+    cache = SlotCache(rows=64, capacity=0)   # a `Cache` whose rows grow on their own (headway.data.generate)
+    with decode_attention(model): ...        # single-query forwards attend with two bmm, no SDPA kernel
 
 `crop` and `select_rows` use the public `Cache` API. `keep_path` has none to use: it gathers each
 layer's `keys` / `values` [B, H, S, D] directly (transformers 5.x `DynamicLayer`), so a change in
-transformers' cache layout is fixed here alone.
+transformers' cache layout is fixed here alone. `SlotCache` is a `Cache` with its own layer class
+(`CacheLayerMixin`: `update` returns the keys and values attention reads).
 """
 
 from __future__ import annotations
@@ -55,17 +59,18 @@ SLOT_ATTENTION = "headway_slot_decode"  # the attention function `decode_attenti
 class SlotCache(Cache):
     """A preallocated KV window of `rows` sequences that each grow on their own (continuous batching).
 
-        cache = SlotCache(rows=32, capacity=1024)
+        cache = SlotCache(rows=32, capacity=0)
         cache.plan(rows, starts, n)   # this forward: rows [R] (None: all, in order), each writes n slots from starts [R]
         model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache)
         cache.select(keep)            # keep only these rows (their order becomes the new row order)
 
     Row r holds its sequence in slots 0..len_r - 1; a forward writes each row's new keys and values at
-    slots starts[r] + j (scatter, no concatenation) and attends over slots 0..window - 1, window =
-    max(starts + n). Which of those a row may see is the caller's additive mask: the cache itself keeps
-    no lengths. Rows that write fewer than n real tokens (right padding) leave garbage past their
-    length, masked out and overwritten by their next tokens. The buffers grow (a copy) only when a
-    forward needs slots beyond `capacity`.
+    slots starts[r] + j in place (index_copy_, no concatenation). A forward over every row (a decode
+    step) attends over the whole buffers, kept contiguous and at most CAPACITY_STEP slots wider than
+    the longest row (they grow and shrink by that step, a copy each time); a forward over some rows (a
+    prefill) gathers their slots 0..window - 1, window = max(starts + n). Which slots a row may see is
+    the caller's additive mask: the cache keeps no lengths. Rows that write fewer than n real tokens
+    (right padding) leave garbage past their length, masked out and overwritten by their next tokens.
     """
 
     def __init__(self, rows: int, capacity: int):
