@@ -210,7 +210,7 @@ class Generator:
     def _features(self, row: _Row) -> dict[str, torch.Tensor] | None:
         if self.capture is None:
             return None
-        return {key: torch.cat(chunks) for key, chunks in row.feats.items()}
+        return {key: torch.cat(chunks).cpu() for key, chunks in row.feats.items()}
 
 
 def _prefill_groups(idx: list[int], lengths: list[int]) -> list[list[int]]:
