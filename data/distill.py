@@ -2,10 +2,16 @@
 
     python scripts/generate_data.py --config configs/smollm2-135m/data.yaml [data.key=value ...]
 
-Work is cut into shards of `generation.shard_size` conversations. A finished shard is written
-atomically to `<output_dir>/shards/`; a rerun skips finished shards, so an interrupted run resumes
-without generating anything twice. Under `accelerate launch` each process takes every n-th shard.
-When all shards exist, they are assembled into `<output_dir>/dataset` (train/validation DatasetDict).
+Work is cut into shards of `generation.shard_size` conversations. One generator answers all of this
+run's shards, conversation after conversation (continuous batching: headway.data.generate, or a serving
+engine: headway.data.server); a shard is written atomically to `<output_dir>/shards/` once its last
+conversation is done. A rerun skips finished shards, so an interrupted run resumes without generating a
+finished shard twice. Under `accelerate launch` each process takes every n-th shard. When all shards
+exist, they are assembled into `<output_dir>/dataset` (train/validation DatasetDict).
+
+With `data.features` the generator keeps those hidden states while it answers: each shard's features
+go to `<output_dir>/features/shards/` before its rows, and assembly writes the feature cache's manifest
+(headway.data.captured_features), which every offline recipe whose features it holds trains from.
 """
 
 from __future__ import annotations
@@ -23,12 +29,17 @@ from tqdm.auto import tqdm
 
 from headway.cli import UserError
 from headway.config import Config
-from headway.data.chat import first_turn_ids, next_turn_ids
+from headway.data.answering import ConversationJob, ShardClock, ShardWork, TurnSettings
+from headway.data.captured_features import FEATURES_SUBDIR, write_manifest, write_shard
+from headway.data.chat import first_turn_ids
 from headway.data.dataset import COLUMNS, DATASET_SUBDIR, META_FILE, features
-from headway.data.generate import generate_batch
+from headway.data.features import data_feature_spec
+from headway.data.generate import make_generator
 from headway.data.prompt_files import validate_sources
 from headway.data.sources import Conversation, PromptWriter, load_conversations, source_identity
 from headway.diff import diff
+from headway.features import FeatureSpec
+from headway.sampling import SamplingParams
 from headway.target import context_length, stop_token_ids
 
 SHARDS_SUBDIR = "shards"
@@ -40,11 +51,13 @@ class OutputMismatchError(UserError):
     """The output folder holds data made with another target or other settings."""
 
 
-def identity(cfg: Config, fingerprint: dict, dtype: torch.dtype) -> dict:
-    """Everything that decides what the rows contain (batch size does not, so it may change on resume)."""
+def identity(cfg: Config, fingerprint: dict, dtype: torch.dtype | str) -> dict:
+    """Everything that decides what the rows contain (batch size does not, so it may change on resume; nor
+    does the server's address). Settings added later are recorded only when set, so older folders resume."""
     gen = dataclasses.asdict(cfg.data.generation)
-    gen.pop("batch_size")
-    return {
+    for key in ("batch_size", "server_url") + (("backend", "server_api", "server_model") if gen["backend"] == "local" else ()):
+        gen.pop(key)
+    ident = {
         "target": fingerprint,
         "dtype": str(dtype).removeprefix("torch."),
         "generation": gen,
@@ -52,6 +65,9 @@ def identity(cfg: Config, fingerprint: dict, dtype: torch.dtype) -> dict:
         "max_prompts_per_source": cfg.data.max_prompts_per_source,
         "seed": cfg.data.seed,
     }
+    if cfg.data.features:
+        ident["features"] = sorted(cfg.data.features)
+    return ident
 
 
 def check_or_write_meta(out: Path, ident: dict) -> None:
@@ -81,89 +97,34 @@ def is_validation(prompt_id: str, val_fraction: float) -> bool:
     return zlib.crc32(prompt_id.encode()) % 10_000 < val_fraction * 10_000
 
 
-class Distiller:
-    def __init__(self, cfg: Config, model, tok):
-        self.cfg, self.gen, self.model, self.tok = cfg, cfg.data.generation, model, tok
-        self.eos_ids = stop_token_ids(model, tok)
-        self.max_context = context_length(model)
-
-    def run_shard(self, index: int, convs: list[Conversation], first_ids: list[list[int]], on_batch=None) -> dict:
-        """Answer every turn of `convs`; return the shard's rows and statistics."""
-        gen, tok = self.gen, self.tok
-        state = [
-            {"ids": [], "mask": [], "messages": [], "turns": 0, "finished": True, "alive": True} for _ in convs
-        ]
-        skipped: Counter = Counter()
-        n_tokens, t0 = 0, time.perf_counter()
-        for turn in range(gen.max_turns):
-            todo = []
-            for c, s, ids0 in zip(convs, state, first_ids, strict=True):
-                if not s["alive"] or turn >= len(c.turns):
-                    continue
-                s["messages"].append({"role": "user", "content": c.turns[turn]})
-                ctx = ids0 if turn == 0 else next_turn_ids(tok, s["messages"], s["ids"], s["last_ended"])
-                if ctx is None:
-                    skipped["later turn dropped: chat template does not render the answer verbatim"] += 1
-                    s["alive"] = False
-                elif len(ctx) + gen.max_new_tokens > self.max_context:
-                    skipped["later turn dropped: context would exceed the model's max positions"] += 1
-                    s["alive"] = False
-                else:
-                    todo.append((s, ctx))
-            todo.sort(key=lambda x: len(x[1]))  # similar lengths together: less padding
-            for b in range(0, len(todo), gen.batch_size):
-                chunk = todo[b : b + gen.batch_size]
-                answers = generate_batch(
-                    self.model,
-                    [ctx for _, ctx in chunk],
-                    gen.max_new_tokens,
-                    self.eos_ids,
-                    tok.pad_token_id,
-                    gen.temperature,
-                    gen.top_p,
-                    seed=zlib.crc32(f"{self.cfg.data.seed}:{index}:{turn}:{b}".encode()),
-                )
-                for (s, ctx), ans in zip(chunk, answers, strict=True):
-                    s["mask"] += [0] * (len(ctx) - len(s["ids"])) + [1] * len(ans.tokens)
-                    s["ids"] = ctx + ans.tokens
-                    s["turns"] += 1
-                    s["finished"] &= ans.finished
-                    s["last_ended"] = ans.finished
-                    text = tok.decode(ans.tokens[:-1] if ans.finished else ans.tokens, skip_special_tokens=False)
-                    s["messages"].append({"role": "assistant", "content": text})
-                    n_tokens += len(ans.tokens)
-                if on_batch is not None:
-                    on_batch(len(chunk), sum(len(a.tokens) for a in answers))
-        rows = [
-            {
-                "input_ids": s["ids"],
-                "loss_mask": s["mask"],
-                "domain": c.domain,
-                "source": c.source,
-                "prompt_id": c.prompt_id,
-                "num_turns": s["turns"],
-                "finished": s["finished"],
-            }
-            for c, s in zip(convs, state, strict=True)
-            if s["turns"] > 0
-        ]
-        seconds = time.perf_counter() - t0
-        return {"rows": rows, "stats": {"skipped": dict(skipped), "gen_tokens": n_tokens, "seconds": seconds}}
-
-
-def plan(cfg: Config, tok, writer: PromptWriter | None = None) -> tuple[list[list[tuple[Conversation, list[int]]]], Counter]:
+def plan(
+    cfg: Config, tok, writer: PromptWriter | None = None, max_context: int = 1 << 30
+) -> tuple[list[list[tuple[Conversation, list[int]]]], Counter]:
     """Conversations with their first-turn ids, cut into shards; and the prompts skipped, by reason."""
     convs, skipped = load_conversations(cfg.data, writer)
     skipped.update(getattr(writer, "skipped", {}))
-    kept = []
+    gen, kept = cfg.data.generation, []
     for c in convs:
         ids = first_turn_ids(tok, c.turns[0])
-        if len(ids) > cfg.data.generation.max_prompt_tokens:
-            skipped[f"prompt longer than max_prompt_tokens={cfg.data.generation.max_prompt_tokens}"] += 1
+        if len(ids) > gen.max_prompt_tokens:
+            skipped[f"prompt longer than max_prompt_tokens={gen.max_prompt_tokens}"] += 1
+        elif len(ids) + gen.max_new_tokens > max_context:
+            skipped["prompt + max_new_tokens exceed the model's max positions"] += 1
         else:
             kept.append((c, ids))
     size = cfg.data.generation.shard_size
     return [kept[i : i + size] for i in range(0, len(kept), size)], skipped
+
+
+def load_backend(cfg: Config, device):
+    """The target (local backend) or a `TokenServer` standing in for it (server backend), and the tokenizer."""
+    from headway.target import load_target, load_tokenizer
+
+    if cfg.data.generation.backend == "server":
+        from headway.data.server import TokenServer
+
+        return TokenServer.from_config(cfg), load_tokenizer(cfg.target)
+    return load_target(cfg.target, device=device)
 
 
 def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fingerprint: dict | None = None) -> dict:
@@ -172,17 +133,28 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
     `after_shard(k)` runs after shard k is saved (tests interrupt there); `fingerprint` replaces
     the target's computed identity (for stand-in models in tests).
     """
+    from headway.data.server import TokenServer
     from headway.distributed import process_state
-    from headway.target import load_target, pick_device, target_fingerprint
+    from headway.target import config_fingerprint, pick_device, target_fingerprint
 
     validate_sources(cfg.data)  # a missing or malformed prompt file stops the run before anything loads
     state = process_state(cfg.target.device)
     if model is None:
         # Several processes: each takes its own accelerator (state.device); one: the configured device.
-        device = state.device if state.num_processes > 1 else pick_device(cfg.target.device)
-        model, tok = load_target(cfg.target, device=device)
+        model, tok = load_backend(cfg, state.device if state.num_processes > 1 else pick_device(cfg.target.device))
+    served = isinstance(model, TokenServer)
+    # A server returns no hidden states: data.features then names what the one extraction pass writes.
+    capture = data_feature_spec(cfg.data.features, model.config.num_hidden_layers) if cfg.data.features else None
+    if served and capture is not None:
+        log("data.features: a generation server keeps no hidden states; the first offline recipe extracts them once")
+        capture = None
     out = Path(cfg.data.output_dir)
-    ident = identity(cfg, fingerprint or target_fingerprint(model, tok, cfg.target.name), model.dtype)
+    if fingerprint is None:
+        name = cfg.target.name
+        fingerprint = config_fingerprint(model.config, tok, name) if served else target_fingerprint(model, tok, name)
+    dtype = "served" if served else model.dtype
+    ident = identity(cfg, fingerprint, dtype)
+    max_context = context_length(model)
     plan(cfg, tok)  # every file source read before meta.json: a bad one writes nothing
     if state.is_main_process:
         check_or_write_meta(out, ident)
@@ -195,10 +167,10 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
     # The main process writes any self_written prompts into the output folder; the others then read them.
     writer = PromptWriter(model, tok, out / SELF_WRITTEN_SUBDIR, cfg.data, log=log)
     if state.is_main_process:
-        shards, prompt_skips = plan(cfg, tok, writer)
+        shards, prompt_skips = plan(cfg, tok, writer, max_context)
     state.wait_for_everyone()
     if not state.is_main_process:
-        shards, prompt_skips = plan(cfg, tok, writer)
+        shards, prompt_skips = plan(cfg, tok, writer, max_context)
     planned = Counter(c.domain for shard in shards for c, _ in shard)
     mine = [k for k in range(len(shards)) if k % state.num_processes == state.process_index]
     todo = [k for k in mine if not (shards_dir / f"shard-{k:05d}.json").is_file()]
@@ -206,36 +178,58 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
     if len(todo) < len(mine):
         log(f"resuming: {len(mine) - len(todo)} of {len(mine)} shards already done")
     bar = tqdm(total=n_answers, desc="answers", unit="ans", disable=not state.is_local_main_process or n_answers == 0)
-    t0, done_tokens = time.perf_counter(), 0
+    t0, done_tokens, clock = time.perf_counter(), 0, ShardClock()
 
-    def on_batch(n_answers: int, n_tokens: int) -> None:
+    def on_answer(answer) -> None:
         nonlocal done_tokens
-        done_tokens += n_tokens
-        bar.update(n_answers)
+        done_tokens += len(answer.tokens)
+        bar.update(1)
         bar.set_postfix(tok_s=f"{done_tokens / (time.perf_counter() - t0):.0f}")
 
-    distiller = Distiller(cfg, model, tok)
-    for k in todo:
-        convs = [c for c, _ in shards[k]]
-        result = distiller.run_shard(k, convs, [ids for _, ids in shards[k]], on_batch)
-        result["stats"]["process"] = state.process_index
-        _write_json(shards_dir / f"shard-{k:05d}.json", result)
+    def save(shard: ShardWork) -> None:
+        if capture is not None:  # features first: a shard whose rows exist has its features
+            train = [not is_validation(r["prompt_id"], cfg.data.val_fraction) for r in shard.rows]
+            write_shard(out / FEATURES_SUBDIR, shard.index, shard.rows, shard.features, train)
+        stats = {"skipped": dict(shard.skipped), "gen_tokens": shard.gen_tokens, "seconds": clock.lap()}
+        _write_json(shards_dir / f"shard-{shard.index:05d}.json", {"rows": shard.rows, "stats": {**stats, "process": state.process_index}})
         if after_shard is not None:
-            after_shard(k)
+            after_shard(shard.index)
+
+    g = cfg.data.generation
+    settings = TurnSettings(g.max_new_tokens, max_context, cfg.data.seed)
+    jobs = (
+        ConversationJob(c, ids, tok, settings, work, slot)
+        for k in todo
+        for work in [ShardWork(k, len(shards[k]), save)]
+        for slot, (c, ids) in enumerate(shards[k])
+    )
+    sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p)
+    generator = make_generator(model, g.batch_size, g.max_new_tokens, stop_token_ids(model, tok), sampling, capture, on_answer)
+    generator.run(jobs)
     bar.close()
     state.wait_for_everyone()
     summary = None
     if state.is_main_process:
-        summary = assemble(cfg, out, len(shards), prompt_skips, run_seconds=time.perf_counter() - t0, planned=planned)
+        summary = assemble(
+            cfg, out, len(shards), prompt_skips, time.perf_counter() - t0, planned, capture, ident
+        )
         log(format_summary(summary))
     state.wait_for_everyone()
     return summary or json.loads((out / SUMMARY_FILE).read_text())
 
 
 def assemble(
-    cfg: Config, out: Path, n_shards: int, prompt_skips: Counter, run_seconds: float, planned: Counter | None = None
+    cfg: Config,
+    out: Path,
+    n_shards: int,
+    prompt_skips: Counter,
+    run_seconds: float,
+    planned: Counter | None = None,
+    capture: FeatureSpec | None = None,
+    ident: dict | None = None,
 ) -> dict:
-    """Join the shards into the train/validation DatasetDict and write the summary.
+    """Join the shards into the train/validation DatasetDict (and, with `capture`, the feature cache kept
+    while generating) and write the summary.
 
     `planned`: conversations sent to the target, per domain (the summary's `prompts` column).
     """
@@ -247,7 +241,7 @@ def assemble(
         if not path.is_file():
             raise RuntimeError(f"shard {path} is missing: rerun generation to finish it")
         shard = json.loads(path.read_text())
-        rows += shard["rows"]
+        rows += [(r, (k, i)) for i, r in enumerate(shard["rows"])]  # with its place in the shard's features
         skipped.update(shard["stats"]["skipped"])
         gen_tokens += shard["stats"]["gen_tokens"]
         gen_seconds += shard["stats"]["seconds"]
@@ -259,13 +253,20 @@ def assemble(
         raise RuntimeError(f"only {len(rows)} example was generated: a train/validation split needs at least 2")
     split = defaultdict(list)
     for r in rows:
-        split["validation" if is_validation(r["prompt_id"], cfg.data.val_fraction) else "train"].append(r)
+        split["validation" if is_validation(r[0]["prompt_id"], cfg.data.val_fraction) else "train"].append(r)
+    moved = False
     for src, dst in (("train", "validation"), ("validation", "train")):
         if not split[dst]:  # tiny runs: keep both splits non-empty, deterministically
-            r = min(split[src], key=lambda r: zlib.crc32(r["prompt_id"].encode()))
+            r = min(split[src], key=lambda r: zlib.crc32(r[0]["prompt_id"].encode()))
             split[src].remove(r)
             split[dst].append(r)
-    dd = DatasetDict({name: Dataset.from_dict({c: [r[c] for r in split[name]] for c in COLUMNS}, features=features(), info=info) for name in ("train", "validation")})
+            moved = True
+    dd = DatasetDict(
+        {
+            name: Dataset.from_dict({c: [r[c] for r, _ in split[name]] for c in COLUMNS}, features=features(), info=info)
+            for name in ("train", "validation")
+        }
+    )
     target = out / DATASET_SUBDIR
     tmp = out / (DATASET_SUBDIR + ".tmp")
     dd.save_to_disk(str(tmp))
@@ -274,6 +275,14 @@ def assemble(
 
         shutil.rmtree(target)
     os.replace(tmp, target)
+    feature_cache = None
+    if capture is not None:
+        places = {name: [place for _, place in split[name]] for name in ("train", "validation")}
+        ident = ident or meta["identity"]
+        feature_cache = write_manifest(
+            out / FEATURES_SUBDIR, capture, getattr(torch, ident["dtype"]), ident["target"], dd, places, n_shards, moved
+        )
+    rows = [r for r, _ in rows]
 
     per_domain: dict[str, dict] = defaultdict(lambda: {"prompts": 0, "examples": 0, "answers": 0, "generated_tokens": 0})
     for domain, n in (planned or {}).items():
@@ -297,6 +306,14 @@ def assemble(
         "generated_tokens_per_s": round(gen_tokens / gen_seconds, 1) if gen_seconds else None,
         "this_run_seconds": round(run_seconds, 1),
     }
+    if feature_cache is not None:
+        spec = feature_cache.spec
+        summary["features"] = {
+            "folder": str(feature_cache.folder),
+            "layers": list(spec.layers),
+            "final_normed": spec.final_normed,
+            "bytes": feature_cache.bytes_on_disk,
+        }
     _write_json(out / SUMMARY_FILE, summary)
     return summary
 
@@ -315,4 +332,10 @@ def format_summary(s: dict) -> str:
         for d, v in s["per_domain"].items()
     ]
     lines.append("skipped: " + (", ".join(f"{k}: {v}" for k, v in s["skipped"].items()) or "none"))
+    if "features" in s:
+        f = s["features"]
+        lines.append(
+            f"features kept while generating: layers {f['layers']} final_normed={f['final_normed']} -> {f['folder']} "
+            f"({f['bytes'] / 2**30:.2f} GiB, {f['bytes'] / max(1, s['tokens']) / 1024:.1f} KiB per token)"
+        )
     return "\n".join(lines)

@@ -6,13 +6,18 @@
     collate = cache.collate_fn(spec, pad_id=2, max_len=1024)                         # rows -> batch + features
     moments = cache.moments()                                                        # train-split feature stats
 
-Layout:
+Layout (an extraction pass, `write_cache`):
     manifest.json                     target fingerprint, feature spec, dtype, max_len, dataset fingerprints,
                                       and per split the finished shards (rows, tokens, bytes)
     {split}/shard-00000.safetensors   per feature, under its `feature_key` name ("features.layer.{i}",
                                       "features.final_normed"): [tokens of the shard's rows, h] (rows in
                                       order, each cut at max_len); "offsets" [rows + 1] int64; and (train)
                                       the shard's feature moments on generated tokens ("stats.*")
+
+Layout (kept while generating, headway.data.captured_features): the same tensors, one file per generation
+shard (rows of both splits, never cut: max_len null), and per split a row map in the manifest
+("rows": {"file": [...], "local": [...]}: which file, and which row in it, each dataset row reads), the
+files with their sizes ("files"), and the train split's moments in one file ("stats_file").
 
 A shard is written to a temporary file, renamed, then recorded in the manifest: a killed run resumes at
 the first unrecorded shard and ends with the same files. Rows are batched by length inside a shard so
@@ -38,7 +43,9 @@ from headway.features import FeatureSpec, feature_keys
 
 FORMAT = "headway-feature-cache"
 # 2: tensors named by headway.features.feature_key (version 1 used "layer.{i}"); older caches are refused.
-FORMAT_VERSION = 2
+# 3: adds the row maps of caches kept while generating; version 2 caches read as before.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 MANIFEST = "manifest.json"
 SPLIT_COLUMN = "feature_split"  # added to each split's rows so one collate serves train and validation
 STATS_PREFIX = "stats."
@@ -75,7 +82,7 @@ def dataset_fingerprint(rows) -> dict:
     return {"num_rows": len(rows), "input_ids_sha": h.hexdigest()[:16]}
 
 
-def _atomic_write_json(path: Path, data: dict) -> None:
+def atomic_write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(path)
@@ -147,7 +154,7 @@ def write_cache(
     else:
         manifest = {**header, "splits": {}, "complete": False}
     manifest["complete"] = False
-    _atomic_write_json(manifest_path, manifest)
+    atomic_write_json(manifest_path, manifest)
 
     extract = OnlineFeatures(target, spec)
     device = next(target.parameters()).device
@@ -205,11 +212,11 @@ def write_cache(
                 "tokens": int(sum(lengths)),
                 "bytes": path.stat().st_size,
             }
-            _atomic_write_json(manifest_path, manifest)
+            atomic_write_json(manifest_path, manifest)
             report.rows += hi - lo
     bar.close()
     manifest["complete"] = True
-    _atomic_write_json(manifest_path, manifest)
+    atomic_write_json(manifest_path, manifest)
     report.total_s = time.perf_counter() - t_all
     for split in splits:
         shards = manifest["splits"][split]["shards"].values()
@@ -255,7 +262,8 @@ class ShardFile:
 
 
 class FeatureCache:
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, partial: bool = False) -> None:
+        """partial: read a cache whose writer has not finished (its own writer, to finish it)."""
         self.folder = Path(folder)
         path = self.folder / MANIFEST
         if not path.is_file():
@@ -265,19 +273,20 @@ class FeatureCache:
         self.manifest = json.loads(path.read_text())
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{path}: not a headway feature cache")
-        if self.manifest.get("version") != FORMAT_VERSION:
+        if self.manifest.get("version") not in READABLE_VERSIONS:
             raise StaleCacheError(
                 f"{path}: feature cache format version {self.manifest.get('version')!r}, this headway reads "
-                f"version {FORMAT_VERSION}: rebuild it with `python scripts/cache_features.py --config ... --overwrite`"
+                f"versions {' and '.join(map(str, READABLE_VERSIONS))}: rebuild it with "
+                "`python scripts/cache_features.py --config ... --overwrite`"
             )
-        if not self.manifest.get("complete"):
+        if not (partial or self.manifest.get("complete")):
             raise ValueError(
                 f"{path}: the cache is incomplete (a run was cut off): rerun `python scripts/cache_features.py --config <recipe>` to finish it"
             )
-        self.shard_rows = int(self.manifest["shard_rows"])
-        self.max_len = int(self.manifest["max_len"])
+        self.shard_rows = int(self.manifest.get("shard_rows") or 0)
+        self.max_len = self.manifest["max_len"]  # None: rows were never cut
         self.dtype = getattr(torch, self.manifest["dtype"])
-        self._handles: dict[tuple[str, int], ShardFile] = {}
+        self._handles: dict[str, ShardFile] = {}
 
     @property
     def spec(self) -> FeatureSpec:
@@ -286,6 +295,8 @@ class FeatureCache:
 
     @property
     def bytes_on_disk(self) -> int:
+        if "files" in self.manifest:
+            return sum(f["bytes"] for f in self.manifest["files"])
         return sum(sh["bytes"] for s in self.manifest["splits"].values() for sh in s["shards"].values())
 
     def check(
@@ -327,19 +338,26 @@ class FeatureCache:
                         raise StaleCacheError(
                             f"{where}: the {split} split was cached as {fp}, the dataset now is {ours}"
                         )
-        if max_len is not None and max_len > self.max_len:
+        if max_len is not None and self.max_len is not None and max_len > self.max_len:
             raise StaleCacheError(
                 f"{where}: features were cut at max_len={self.max_len}, training wants max_len={max_len}"
             )
 
-    def _shard(self, split: str, k: int) -> ShardFile:
-        key = (split, k)
-        if key not in self._handles:
-            path = self.folder / split / f"shard-{k:05d}.safetensors"
+    def _file(self, relative: str) -> ShardFile:
+        if relative not in self._handles:
+            path = self.folder / relative
             if not path.is_file():
                 raise FileNotFoundError(f"feature cache shard {path} is missing")
-            self._handles[key] = ShardFile(path)
-        return self._handles[key]
+            self._handles[relative] = ShardFile(path)
+        return self._handles[relative]
+
+    def _locate(self, split: str, index: int) -> tuple[ShardFile, int]:
+        """The file holding row `index` of `split`, and the row's place in it."""
+        entry = self.manifest["splits"][split]
+        if "rows" in entry:  # kept while generating: a row map
+            f, local = entry["rows"]["file"][index], entry["rows"]["local"][index]
+            return self._file(self.manifest["files"][f]["path"]), local
+        return self._file(f"{split}/shard-{index // self.shard_rows:05d}.safetensors"), index % self.shard_rows
 
     def row(self, split: str, index: int, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """The cached features of row `index` of `split`: name -> [length, h]."""
@@ -350,8 +368,7 @@ class FeatureCache:
         n = self.manifest["splits"][split]["num_rows"]
         if not 0 <= index < n:
             raise IndexError(f"row {index} outside the cached {split} split of {n} rows")
-        shard = self._shard(split, index // self.shard_rows)
-        local = index % self.shard_rows
+        shard, local = self._locate(split, index)
         a, b = int(shard.offsets[local]), int(shard.offsets[local + 1])
         return {name: shard.read(name, a, b) for name in (names or _names(self.spec))}
 
@@ -361,8 +378,11 @@ class FeatureCache:
 
         total = FeatureMoments()
         shards = self.manifest["splits"].get("train", {}).get("shards", {})
-        for name in sorted(shards):
-            with safe_open(str(self.folder / "train" / f"{name}.safetensors"), framework="pt") as f:
+        paths = [self.folder / "train" / f"{name}.safetensors" for name in sorted(shards)]
+        if "stats_file" in self.manifest:
+            paths = [self.folder / self.manifest["stats_file"]]
+        for path in paths:
+            with safe_open(str(path), framework="pt") as f:
                 keys = [k for k in f.keys() if k.startswith(STATS_PREFIX)]
                 total.merge(FeatureMoments.from_tensors({k: f.get_tensor(k) for k in keys}, STATS_PREFIX))
         return total

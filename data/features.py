@@ -10,6 +10,9 @@ When nothing after the deepest requested layer is needed, the forward stops ther
 
 Offline: a collate function that loads cached tensors puts them in the batch under their `feature_key`
 names; `BatchFeatures()` turns those back into `TargetFeatures`, so the training loop handles both alike.
+
+`data_feature_spec(["medusa", "eagle3"], num_layers)` is what `data.features` names: the union of those
+heads' needs, the one feature cache generation (or one extraction pass) writes for all of them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch
 from torch import nn
 
 from headway.features import FeatureSpec, LayerCapture, TargetFeatures
+
+DATA_FEATURE_NAMES = ("medusa", "eagle", "eagle3", "final_normed", "layer.N")
 
 FeatureSource = Callable[[dict[str, torch.Tensor]], TargetFeatures]
 
@@ -57,3 +62,34 @@ class BatchFeatures:
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> TargetFeatures:
         return TargetFeatures.from_dict(batch, self.spec)
+
+
+def union(*specs: FeatureSpec) -> FeatureSpec:
+    """Every layer and final state any of `specs` asks for (logits are never cached)."""
+    layers = sorted({i for s in specs for i in s.layers})
+    return FeatureSpec(layers=tuple(layers), final_normed=any(s.final_normed for s in specs))
+
+
+def data_feature_spec(names: list[str], num_layers: int) -> FeatureSpec:
+    """The features `data.features` names, for a target of `num_layers` decoder layers (see headway/config.py)."""
+    from headway.heads.eagle import eagle_feature_spec
+
+    specs = []
+    for name in names:
+        if name in ("medusa", "final_normed"):
+            spec = FeatureSpec(final_normed=True)  # what Medusa-1 heads read
+        elif name == "eagle":
+            spec = eagle_feature_spec(1, num_layers, training=True)
+        elif name == "eagle3":
+            spec = eagle_feature_spec(3, num_layers, training=True)
+        elif name.startswith("layer.") and name[6:].isdigit():
+            spec = FeatureSpec(layers=(int(name[6:]),))
+        else:
+            raise ValueError(f"data.features: {name!r} is not one of {', '.join(DATA_FEATURE_NAMES)}")
+        if any(not 0 <= i < num_layers for i in spec.layers):
+            raise ValueError(
+                f"data.features: {name!r} asks for decoder layers {list(spec.layers)}, the target has layers "
+                f"0..{num_layers - 1} (layer.N counts decoder layer outputs, 0-based)"
+            )
+        specs.append(spec)
+    return union(*specs)

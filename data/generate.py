@@ -1,19 +1,47 @@
-"""A batched, left-padded, EOS-aware decode loop for self-distillation.
+"""Continuous batching for self-distillation: `batch_size` rows stay busy until the prompts run out.
 
-Rows that hit EOS leave the batch (their KV rows are dropped from the cache), so a batch costs
-what its live rows cost; `model.generate` keeps finished rows padding along to the end.
+    gen = Generator(model, batch_size=32, max_new_tokens=256, eos_ids={2})
+    gen.run(jobs)                  # jobs: `Job`s (a conversation each), answered turn by turn
+    generate_batch(model, prompts, 64, {2}, pad_id)   # one answer per prompt (Magpie's writer, tests)
+
+Each row of the batch holds one conversation. When its answer ends (EOS or max_new_tokens) the row
+hands it to its job, which returns the next turn (the ids so far, answers verbatim, plus the next
+user turn) or None. The row then continues in place, prefilling only the new tokens (the history's
+keys and values are in its slots already), or takes the next job from the queue: no row idles while
+others finish their answers, and no turn recomputes its history.
+
+The KV cache is a preallocated `SlotCache` (headway/kv.py): row r's tokens sit in slots 0..len_r - 1
+(slot = position), an additive float mask marks each row's valid slots, a decode step writes one slot
+per row in place (no torch.cat of the whole cache each step) and attends over the contiguous buffers
+(`decode_attention`). New prompts and next turns are prefilled right-padded, grouped by length; their
+padding writes garbage past the row's length, masked and later overwritten. Logits are computed only
+at each row's last position (the decoder, then lm_head on those hidden states).
+
+Greedy output equals `model.generate` on the prompt alone in fp32 (tested). In bf16 a batched forward
+rounds differently from a batch-1 one, so a token at a near-tie can differ. Sampling draws from a
+generator seeded per turn (`Turn.seed`): a row's samples do not depend on which rows share its batch.
+
+Features: with a `FeatureSpec`, the generator keeps those hidden states at every position it feeds
+(prompt positions from prefills, generated ones from decode steps; the last generated token is fed
+once more for its features, its logits unused) and hands each finished job its features, {feature_key:
+[len, h]}, equal to those of a fresh forward over the finished sequence (tested).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
-from transformers import DynamicCache
 
-from headway.kv import select_rows
-from headway.sampling import SamplingParams, pick
-from headway.tokens import left_pad
+from headway.features import FeatureSpec, LayerCapture, feature_key
+from headway.kv import SlotCache, decode_attention
+from headway.sampling import SamplingParams, warp
+
+PREFILL_PADDING = 1.25  # a prefill group's padded tokens may exceed its real tokens by this factor
+PREFILL_TOKENS = 4096  # at most this many (padded) tokens per prefill forward
 
 
 @dataclass
@@ -22,57 +50,233 @@ class Answer:
     finished: bool  # False: stopped at max_new_tokens
 
 
-@torch.inference_mode()
+@dataclass
+class Turn:
+    ids: list[int]  # the whole context: earlier turns (answers verbatim), this user turn, the generation prompt
+    seed: int = 0  # seeds this turn's sampling (greedy ignores it)
+
+
+class Job(Protocol):
+    """One conversation, answered turn by turn."""
+
+    def first_turn(self) -> Turn: ...
+
+    def answered(self, answer: Answer) -> Turn | None:
+        """The answer to the last turn; returns the next turn, or None when the conversation is over."""
+
+    def done(self, features: dict[str, torch.Tensor] | None) -> None:
+        """The conversation is over; features at every position of its last context + answer (or None)."""
+
+
+@dataclass
+class _Row:
+    job: Job
+    pending: list[int]  # what the next forward feeds
+    gen: torch.Generator | None
+    fed: list[int] = field(default_factory=list)  # tokens whose keys and values are in the row's slots
+    answer: list[int] = field(default_factory=list)
+    feats: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    closing: bool = False  # feeding its last token for that token's features only
+
+
+class Generator:
+    def __init__(
+        self,
+        model,
+        batch_size: int,
+        max_new_tokens: int,
+        eos_ids: set[int],
+        sampling: SamplingParams | None = None,
+        capture: FeatureSpec | None = None,
+        on_answer=None,
+    ):
+        if batch_size < 1 or max_new_tokens < 1:
+            raise ValueError(f"batch_size and max_new_tokens must be at least 1, got {batch_size} and {max_new_tokens}")
+        if capture is not None and capture.logits:
+            raise ValueError("the generator keeps hidden states, not logits (V floats per token)")
+        self.model, self.decoder, self.lm_head = model, model.get_decoder(), model.get_output_embeddings()
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.eos = set(eos_ids)
+        self.sampling = sampling or SamplingParams()
+        self.capture = capture
+        self.on_answer = on_answer  # called with each Answer (progress bars)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+
+    # ------------------------------------------------------------ the loop
+
+    @torch.inference_mode()
+    def run(self, jobs: Iterable[Job]) -> None:
+        queue: Iterator[Job] | None = iter(jobs)
+        rows: list[_Row | None] = [None] * self.batch_size
+        cache = SlotCache(self.batch_size, capacity=0)
+        with decode_attention(self.model):
+            while True:
+                for i in range(len(rows)):
+                    if rows[i] is None and queue is not None:
+                        job = next(queue, None)
+                        if job is None:
+                            queue = None
+                        else:
+                            rows[i] = self._start(job, job.first_turn())
+                if queue is None and None in rows:  # nothing left to refill with: drop the empty rows
+                    keep = [i for i, r in enumerate(rows) if r is not None]
+                    if not keep:
+                        return
+                    cache.select(torch.tensor(keep, device=self.device))
+                    rows = [rows[i] for i in keep]
+                prefill = [i for i, r in enumerate(rows) if len(r.pending) > 1]
+                for group in _prefill_groups(prefill, [len(rows[i].pending) for i in prefill]):
+                    self._advance(rows, group, self._feed(cache, rows, group))
+                if all(r is not None and len(r.pending) == 1 for r in rows):
+                    everyone = list(range(len(rows)))
+                    self._advance(rows, everyone, self._feed(cache, rows, None))
+
+    def _start(self, job: Job, turn: Turn, row: _Row | None = None) -> _Row:
+        if not turn.ids:
+            raise ValueError("a turn's context is empty: every prompt needs at least one token")
+        gen = None
+        if not self.sampling.greedy:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(turn.seed)
+        if row is not None and turn.ids[: len(row.fed)] == row.fed and len(turn.ids) > len(row.fed):
+            row.pending, row.gen, row.answer = turn.ids[len(row.fed) :], gen, []  # the next turn extends the row
+            return row
+        return _Row(job, list(turn.ids), gen)
+
+    def _feed(self, cache: SlotCache, rows: list[_Row], idx: list[int] | None) -> torch.Tensor:
+        """One forward over rows idx (None: every row, one token each); returns logits [R, V] (fp32) at
+        each row's last fed position."""
+        sel = rows if idx is None else [rows[i] for i in idx]
+        dev = self.device
+        n = max(len(r.pending) for r in sel)
+        ids = torch.tensor([r.pending + r.pending[-1:] * (n - len(r.pending)) for r in sel], device=dev)
+        starts = torch.tensor([len(r.fed) for r in sel], device=dev)
+        lengths = torch.tensor([len(r.pending) for r in sel], device=dev)
+        width = cache.plan(None if idx is None else torch.tensor(idx, device=dev), starts, n)
+        pos = starts[:, None] + torch.arange(n, device=dev)
+        allowed = torch.arange(width, device=dev)[None, None, :] <= pos[:, :, None]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=dev).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        layers = self.capture.layers if self.capture else ()
+        with LayerCapture(self.decoder, layers) as captured:
+            hidden = self.decoder(
+                input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache, use_cache=True
+            ).last_hidden_state
+        if self.capture is not None:
+            feats = {feature_key("layer", i): captured[i] for i in layers}
+            if self.capture.final_normed:
+                feats[feature_key("final_normed")] = hidden
+            for j, r in enumerate(sel):
+                for key, t in feats.items():
+                    r.feats.setdefault(key, []).append(t[j, : len(r.pending)].clone())
+        for r in sel:
+            r.fed += r.pending
+            r.pending = []
+        last = hidden[torch.arange(len(sel), device=dev), lengths - 1]
+        return self.lm_head(last).float()
+
+    def _advance(self, rows: list[_Row | None], idx: list[int], logits: torch.Tensor) -> None:
+        """Each row of idx takes its next token from its logits row; finished rows hand over or leave."""
+        if self.sampling.greedy:
+            tokens = logits.argmax(-1).tolist()
+        else:
+            probs = warp(logits, self.sampling)
+            tokens = [
+                int(torch.multinomial(probs[j], 1, generator=rows[i].gen)) if not rows[i].closing else -1
+                for j, i in enumerate(idx)
+            ]
+        for i, t in zip(idx, tokens, strict=True):
+            row = rows[i]
+            if row.closing:  # its last token's features are in: the conversation is over
+                row.job.done(self._features(row))
+                rows[i] = None
+                continue
+            row.answer.append(t)
+            row.pending = [t]
+            if t not in self.eos and len(row.answer) < self.max_new_tokens:
+                continue
+            answer = Answer(row.answer, finished=t in self.eos)
+            if self.on_answer is not None:
+                self.on_answer(answer)
+            nxt = row.job.answered(answer)
+            if nxt is not None:
+                rows[i] = self._start(row.job, nxt, row)
+            elif self.capture is not None:
+                row.closing = True  # one more forward: the features of its last token
+            else:
+                row.job.done(None)
+                rows[i] = None
+
+    def _features(self, row: _Row) -> dict[str, torch.Tensor] | None:
+        if self.capture is None:
+            return None
+        return {key: torch.cat(chunks).cpu() for key, chunks in row.feats.items()}
+
+
+def _prefill_groups(idx: list[int], lengths: list[int]) -> list[list[int]]:
+    """Rows to prefill, in forwards of similar lengths: padding stays within PREFILL_PADDING of the real
+    tokens and a forward within PREFILL_TOKENS (a longer single prompt goes alone)."""
+    order = sorted(range(len(idx)), key=lambda k: lengths[k])
+    groups: list[list[int]] = []
+    real = 0
+    for k in order:
+        g = groups[-1] if groups else None
+        # sorted ascending: the newcomer is the group's longest, so the padded size is count * its length
+        if g is not None and (len(g) + 1) * lengths[k] <= min(PREFILL_PADDING * (real + lengths[k]), PREFILL_TOKENS):
+            g.append(idx[k])
+            real += lengths[k]
+        else:
+            groups.append([idx[k]])
+            real = lengths[k]
+    return groups
+
+
+# ---------------------------------------------------------------- one answer per prompt
+
+
+@dataclass
+class _OneAnswer:
+    ids: list[int]
+    seed: int
+    answer: Answer | None = None
+
+    def first_turn(self) -> Turn:
+        return Turn(self.ids, self.seed)
+
+    def answered(self, answer: Answer) -> None:
+        self.answer = answer
+
+    def done(self, features) -> None:
+        pass
+
+
 def generate_batch(
     model,
     prompts: list[list[int]],
     max_new_tokens: int,
     eos_ids: set[int],
-    pad_id: int,
+    pad_id: int | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int | None = None,
+    batch_size: int | None = None,
 ) -> list[Answer]:
-    device = model.device
-    B = len(prompts)
-    input_ids, valid = left_pad(prompts, pad_id)
-    input_ids, attn = input_ids.to(device), valid.long().to(device)
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    sampling = SamplingParams(temperature=temperature, top_p=top_p)  # greedy at temperature 0
-    gen = None
-    if not sampling.greedy:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed or 0)
-    eos = torch.tensor(sorted(eos_ids), device=device)
+    """One answer per prompt (continuous batching over all of them); prompt i samples with a seed made
+    from (seed, i). `model`: the target, or a generation server (see `make_generator`). `pad_id` is
+    unused (rows are padded with their own tokens), kept for callers."""
+    jobs = [_OneAnswer(list(p), zlib.crc32(f"{seed or 0}:{i}".encode())) for i, p in enumerate(prompts)]
+    sampling = SamplingParams(temperature=temperature, top_p=top_p)
+    make_generator(model, batch_size or len(prompts), max_new_tokens, eos_ids, sampling).run(jobs)
+    return [j.answer for j in jobs]
 
-    cache = DynamicCache()
-    logits = model(
-        input_ids=input_ids, attention_mask=attn, position_ids=position_ids, cache=cache, logits_to_keep=1
-    ).logits[:, -1]
-    rows = torch.arange(B, device=device)  # original row index of each live batch row
-    next_pos = position_ids[:, -1] + 1
-    out: list[list[int]] = [[] for _ in range(B)]
-    finished = [False] * B
-    for step in range(max_new_tokens):
-        tok = pick(logits, sampling, gen)
-        for r, t in zip(rows.tolist(), tok.tolist(), strict=True):
-            out[r].append(t)
-        done = torch.isin(tok, eos)
-        if step == max_new_tokens - 1:
-            for r in rows[done].tolist():
-                finished[r] = True
-            break
-        if done.any():
-            for r in rows[done].tolist():
-                finished[r] = True
-            keep = (~done).nonzero().squeeze(-1)
-            if keep.numel() == 0:
-                break
-            select_rows(cache, keep)
-            rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-        attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
-        logits = model(
-            input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], cache=cache
-        ).logits[:, -1]
-        next_pos = next_pos + 1
-    return [Answer(out[i], finished[i]) for i in range(B)]
+
+def make_generator(model, batch_size: int, max_new_tokens: int, eos_ids: set[int], sampling=None, capture=None, on_answer=None):
+    """The generator for `model`: the local `Generator`, or a `ServerGenerator` when `model` is a
+    headway.data.server.TokenServer (the server backend stands in for the target)."""
+    from headway.data.server import ServerGenerator, TokenServer
+
+    if isinstance(model, TokenServer):
+        if capture is not None:
+            raise ValueError("a generation server returns no hidden states: data.features needs the local backend")
+        return ServerGenerator(model, batch_size, max_new_tokens, eos_ids, sampling, on_answer)
+    return Generator(model, batch_size, max_new_tokens, eos_ids, sampling, capture, on_answer)

@@ -82,6 +82,14 @@ class GenerationConfig:
     max_prompt_tokens: int = 1024  # longer prompts are skipped and counted, never truncated
     max_turns: int = 2
     shard_size: int = 256  # conversations per resumable shard
+    # local: the target here, continuous batching (data/generate.py). server: an OpenAI-compatible server
+    # (vLLM, SGLang, llama.cpp's llama-server) at server_url, sent token ids and read back token ids
+    # (data/server.py); batch_size requests in flight. A server keeps no hidden states: the first offline
+    # recipe then extracts what data.features names in one pass (scripts/cache_features.py).
+    backend: Literal["local", "server"] = "local"
+    server_url: str | None = None  # e.g. http://127.0.0.1:8000
+    server_api: Literal["openai", "llamacpp"] = "openai"  # /v1/completions, or llama.cpp's own /completion
+    server_model: str | None = None  # the model name the server expects (openai); None: the server's only model
 
 
 @dataclass
@@ -92,6 +100,12 @@ class DataConfig:
     max_prompts_per_source: int | None = None  # caps every source's num_prompts (quick runs)
     val_fraction: float = 0.05
     seed: int = 0
+    # Hidden states kept while generating, in <output_dir>/features: one cache every offline recipe of a
+    # head named here trains from (no extraction pass; with a server backend, one extraction pass writes
+    # them all). Names: medusa (final normed state), eagle (EAGLE-1: the last layer before the norm),
+    # eagle3 (EAGLE-3's default three layers + final normed), final_normed, layer.N (decoder layer N's
+    # output, 0-based: headway/features.py's numbering). Empty: none kept.
+    features: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Lossless speculative sampling needs the drafter's q and the target's p to come from the same
 transform of their logits; both go through `warp`. The self-distillation generator
-(`data/generate.py`) samples through `pick` too, so its answers follow the same rule.
+(`data/generate.py`) samples through `warp` too (a torch.Generator per conversation turn), so its
+answers follow the same rule.
 """
 
 from __future__ import annotations

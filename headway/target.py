@@ -208,10 +208,14 @@ def check_architecture(model_config, cfg: TargetConfig) -> None:
 
 def target_fingerprint(model, tokenizer, name: str) -> dict:
     """What identifies a target for data and heads: name, shape, and a hash of config and template."""
-    c = model.config
-    blob = json.dumps(c.to_dict(), sort_keys=True, default=str) + str(tokenizer.chat_template)
     w = model.get_input_embeddings().weight
     probe = w[:: max(1, w.shape[0] // 64)].float().sum().item()  # distinguishes fine-tunes of one config
+    return {**config_fingerprint(model.config, tokenizer, name), "embedding_probe": round(probe, 3)}
+
+
+def config_fingerprint(c, tokenizer, name: str) -> dict:
+    """`target_fingerprint` without the weights (a target served elsewhere): name, shape, config and template."""
+    blob = json.dumps(c.to_dict(), sort_keys=True, default=str) + str(tokenizer.chat_template)
     return {
         "name": name,
         "model_type": c.model_type,
@@ -219,7 +223,6 @@ def target_fingerprint(model, tokenizer, name: str) -> dict:
         "num_hidden_layers": c.num_hidden_layers,
         "vocab_size": c.vocab_size,
         "config_sha": hashlib.sha256(blob.encode()).hexdigest()[:16],
-        "embedding_probe": round(probe, 3),
     }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job end to end on the built-in default (SmolLM2-135M-Instruct on this machine's CPU):
 # creates or reuses .venv, installs headway, prepares the target, then
-#   1. self-distills a small prompt mix          -> runs/quickstart/data
+#   1. self-distills a small prompt mix          -> runs/quickstart/data (+ the heads' features, kept while generating)
 #   2. trains Medusa-1 heads on the frozen target -> runs/quickstart/medusa (+ head_accuracy.json)
 #   3. evaluates them with tree verification      -> runs/quickstart/eval (per-domain table, report.*)
 # The budget is smaller than the full recipes' (96 prompts per source, 6 epochs of Medusa-1, 3 Spec-Bench
@@ -21,11 +21,11 @@ python scripts/prepare_target.py
 echo "== 1. self-distillation: the target answers $PROMPTS_PER_SOURCE prompts per source"
 python scripts/generate_data.py --config configs/smollm2-135m/data.yaml \
   data.output_dir="$OUT/data" data.max_prompts_per_source="$PROMPTS_PER_SOURCE" \
-  data.generation.max_new_tokens=192
+  data.generation.max_new_tokens=192 data.features=[medusa]
 
 echo "== 2. Medusa-1 heads on the frozen target (resumes from the newest checkpoint)"
 python train/medusa.py --config configs/smollm2-135m/medusa.yaml \
-  data.output_dir="$OUT/data" medusa.feature_cache_dir="$OUT/features-medusa" train.output_dir="$OUT/medusa" \
+  data.output_dir="$OUT/data" train.output_dir="$OUT/medusa" \
   train.epochs="$EPOCHS" train.eval_every=100 train.save_every=100
 python scripts/head_accuracy.py --checkpoint "$OUT/medusa"
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import headway.data.distill as distill_mod
 from headway.config import Config, DataConfig, GenerationConfig, SourceConfig
+from headway.data.answering import ConversationJob
 from headway.data.chat import first_turn_ids
 from headway.data.dataset import collate, load_distilled
 from headway.data.distill import OutputMismatchError, distill
@@ -44,29 +44,47 @@ PROMPTS = [
 ]
 
 
+class _ScriptedDecoder(torch.nn.Module):
+    """Its 'hidden state' is the position: the scripted head reads the next token off it."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList()
+
+    def forward(self, input_ids, position_ids, **_):
+        return SimpleNamespace(last_hidden_state=position_ids[..., None].float())
+
+
+class _ScriptedHead(torch.nn.Module):
+    def __init__(self, vocab, eos):
+        super().__init__()
+        self.vocab, self.eos = vocab, eos
+
+    def forward(self, hidden):
+        nxt = hidden[..., 0].long() + 1
+        tok = torch.where(nxt % 5 == 0, torch.full_like(nxt, self.eos), 1000 + nxt % 7)
+        return torch.nn.functional.one_hot(tok, self.vocab).float()
+
+
 class ScriptedModel(torch.nn.Module):
     """Emits token 1000 + position % 7, and EOS at every position divisible by 5: answers of known shape."""
 
     def __init__(self, vocab=49152, eos=2):
         super().__init__()
-        self.vocab, self.eos = vocab, eos
         self.config = SimpleNamespace(max_position_embeddings=4096)
         self.generation_config = SimpleNamespace(eos_token_id=eos)
         self.dummy = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
-
-    @property
-    def device(self):
-        return self.dummy.device
+        self.decoder, self.head = _ScriptedDecoder(), _ScriptedHead(vocab, eos)
 
     @property
     def dtype(self):
         return torch.float32
 
-    def forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep=0, **_):
-        nxt = position_ids + 1
-        tok = torch.where(nxt % 5 == 0, torch.full_like(nxt, self.eos), 1000 + nxt % 7)
-        logits = torch.nn.functional.one_hot(tok, self.vocab).float()
-        return SimpleNamespace(logits=logits)
+    def get_decoder(self):
+        return self.decoder
+
+    def get_output_embeddings(self):
+        return self.head
 
 
 def test_loss_mask_covers_exactly_the_generated_tokens(tmp_path, smol_tok):
@@ -164,7 +182,7 @@ def _all_rows(out_dir):
 def test_resume_after_interruption(tmp_path, tiny_smol_vocab, smol_tok, monkeypatch):
     src = _write_jsonl(tmp_path / "p.jsonl", PROMPTS)
     quiet = dict(log=lambda *_: None)
-    # batch_size 1: every shard takes several generate calls, so the run can die inside one.
+    # batch_size 1: one conversation at a time, so the run can die inside a shard.
     ref_cfg = _cfg(tmp_path / "ref", src, batch_size=1)
     distill(ref_cfg, model=tiny_smol_vocab, tok=smol_tok, **quiet)
 
@@ -179,8 +197,8 @@ def test_resume_after_interruption(tmp_path, tiny_smol_vocab, smol_tok, monkeypa
     assert sorted(p.name for p in shards.glob("*.json")) == ["shard-00000.json"]
     first_mtime = (shards / "shard-00000.json").stat().st_mtime_ns
 
-    # Interrupt in the middle of shard 1: nothing of it may be kept.
-    real = distill_mod.generate_batch
+    # Interrupt in the middle of shard 1 (its second answer): nothing of it may be kept.
+    real = ConversationJob.answered
     calls = {"n": 0}
 
     def dies_on_second_call(*a, **k):
@@ -189,10 +207,10 @@ def test_resume_after_interruption(tmp_path, tiny_smol_vocab, smol_tok, monkeypa
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(distill_mod, "generate_batch", dies_on_second_call)
+    monkeypatch.setattr(ConversationJob, "answered", dies_on_second_call)
     with pytest.raises(KeyboardInterrupt):
         distill(cfg, model=tiny_smol_vocab, tok=smol_tok, **quiet)
-    monkeypatch.setattr(distill_mod, "generate_batch", real)
+    monkeypatch.setattr(ConversationJob, "answered", real)
     assert sorted(p.name for p in shards.glob("*.json")) == ["shard-00000.json"]
 
     done = []
@@ -289,7 +307,7 @@ def test_two_cpu_processes_split_the_shards(tmp_path, tiny_smol_vocab, smol_tok)
         str(root / "scripts/generate_data.py"), "--config", str(root / "configs/smollm2-135m/data.yaml"),
         f"target.name={target}", "target.hidden_size=null", "target.num_hidden_layers=null", "target.vocab_size=null",
         f"data.output_dir={out}", f"data.sources=[{{path: {src}, domain: chat}}]",
-        "data.generation.max_new_tokens=6", "data.generation.shard_size=1",
+        "data.generation.max_new_tokens=6", "data.generation.shard_size=1", "data.features=[]",
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

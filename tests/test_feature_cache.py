@@ -95,7 +95,7 @@ def test_resume_after_kill_gives_the_same_cache(tmp_path, target, data, monkeypa
     _write(tmp_path / "straight", target, data)
     import headway.data.feature_cache as fc
 
-    real_save = fc._atomic_write_json
+    real_save = fc.atomic_write_json
     calls = {"n": 0}
 
     def dying(path, content):  # dies after the second shard is recorded
@@ -104,10 +104,10 @@ def test_resume_after_kill_gives_the_same_cache(tmp_path, target, data, monkeypa
         if calls["n"] == 3:
             raise _Killed
 
-    monkeypatch.setattr(fc, "_atomic_write_json", dying)
+    monkeypatch.setattr(fc, "atomic_write_json", dying)
     with pytest.raises(_Killed):
         _write(tmp_path / "killed", target, data)
-    monkeypatch.setattr(fc, "_atomic_write_json", real_save)
+    monkeypatch.setattr(fc, "atomic_write_json", real_save)
     with pytest.raises(ValueError, match="incomplete"):
         FeatureCache(tmp_path / "killed")
     report = _write(tmp_path / "killed", target, data)
@@ -149,7 +149,7 @@ def test_shards_name_features_by_feature_key_and_older_formats_are_refused(tmp_p
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     manifest["version"] = 1  # a cache of the "layer.{i}" naming
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(StaleCacheError, match=r"format version 1, this headway reads version 2.*--overwrite"):
+    with pytest.raises(StaleCacheError, match=r"format version 1, this headway reads versions 2 and 3.*--overwrite"):
         FeatureCache(tmp_path)
-    with pytest.raises(StaleCacheError, match=r"version=1, this run wants version=2"):
+    with pytest.raises(StaleCacheError, match=r"version=1, this run wants version=3"):
         _write(tmp_path, target, data)

@@ -77,6 +77,7 @@ def test_recipe_runs_from_another_directory(wheel_venv, tmp_path, smol_path):
         f"  output_dir: {tmp_path / 'run/data'}\n"
         "  sources: [{path: data/prompts/gsm8k/train.jsonl, domain: math, num_prompts: 6}]\n"
         "  generation: {max_new_tokens: 8, batch_size: 3, shard_size: 3}\n"
+        "  features: [medusa]\n"  # kept while generating: the recipe extracts nothing
         "  val_fraction: 0.34\n"
     )
     _run([python, ROOT / "scripts/generate_data.py", "--config", data_cfg], elsewhere)
@@ -85,9 +86,10 @@ def test_recipe_runs_from_another_directory(wheel_venv, tmp_path, smol_path):
         f"base: {ROOT / 'configs/smollm2-135m/medusa.yaml'}\n"
         f"target: {{name: {target}, dtype: float32, device: cpu, hidden_size: 64, num_hidden_layers: 2}}\n"
         f"data: {{output_dir: {tmp_path / 'run/data'}}}\n"
-        f"medusa: {{num_heads: 2, draft_vocab_size: 64, feature_cache_dir: {tmp_path / 'run/features'}}}\n"
+        "medusa: {num_heads: 2, draft_vocab_size: 64}\n"
         f"train: {{output_dir: {tmp_path / 'run/medusa'}, max_steps: 2, batch_size: 2, mixed_precision: 'no'}}\n"
     )
     _run([python, "-m", "headway.train.medusa", "--config", medusa_cfg], elsewhere)
     assert (tmp_path / "run/medusa/model.safetensors").is_file()
+    assert (tmp_path / "run/data/features/manifest.json").is_file()
     assert not (elsewhere / "runs").exists()  # every output went where the recipe said

@@ -6,35 +6,46 @@
     python scripts/cache_features.py --config ... --batch-size 32 --shard-rows 256 [--overwrite]
 
 This is the one command that builds caches (CACHE_COMMAND in train/recipe.py); a single-process
-training run calls the same writer when its cache is missing. Writes <section>.feature_cache_dir of the
-recipe's `medusa:` or `eagle:` section (manifest.json + {train,validation}/shard-*.safetensors, with the
-train split's per-dimension feature statistics): the features that head's training reads. Interrupt it
-at any time: a rerun resumes at the first unfinished shard. A cache made for another target, dataset,
-feature set or max length is refused. Prints rows, tokens, time, and bytes on disk (total and per 1,000
-sequences).
+training run calls the same function when its cache is missing. A cache that already holds the recipe's
+features is used as it is: the recipe's `<section>.feature_cache_dir` when set, else the dataset's own
+`<data.output_dir>/features` (kept while generating when data.features names the head). Otherwise
+one extraction pass writes that folder, the dataset's own with the union of the recipe's features and
+what data.features names, so every head listed there trains from it and none extracts again
+(manifest.json + {train,validation}/shard-*.safetensors, with the train split's per-dimension feature
+statistics). Interrupt it at any time: a rerun resumes at the first unfinished shard. A cache made for
+another target, dataset, feature set or max length is refused. Prints rows, tokens, time, and bytes on
+disk (total and per 1,000 sequences).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
 from headway.cli import run_main
+from headway.data.feature_cache import MANIFEST
 from headway.distributed import wants_cpu
 from headway.memory import keep_freed_cpu_memory
 from headway.target import load_target
 from headway.train.eagle import Eagle
 from headway.train.medusa import Medusa
-from headway.train.recipe import build_feature_cache, load_checked_data, parse_recipe, recipe_parser
+from headway.train.recipe import (
+    ensure_feature_cache,
+    load_checked_data,
+    parse_recipe,
+    recipe_parser,
+    shared_feature_dir,
+)
 
 HEADS = (Medusa(), Eagle())
 
 
 def parser() -> argparse.ArgumentParser:
     p = recipe_parser(__doc__, "configs/smollm2-135m/eagle3.yaml")
-    p.add_argument("--out", help="cache folder (default: the recipe's feature_cache_dir)")
+    p.add_argument("--out", help="cache folder (default: the recipe's feature_cache_dir, else <data.output_dir>/features)")
     p.add_argument("--batch-size", type=int, default=16, help="rows per target forward")
     p.add_argument("--shard-rows", type=int, default=256, help="rows per shard (the unit of resumption)")
     p.add_argument("--overwrite", action="store_true", help="delete an existing cache first")
@@ -47,23 +58,28 @@ def main(argv: list[str] | None = None) -> int:
     head = next((h for h in HEADS if h.settings(cfg) is not None), None)
     if head is None:
         ap.error(f"{args.config} has no `medusa:` or `eagle:` section: nothing to cache features for")
-    out = args.out or head.settings(cfg).feature_cache_dir
-    if not out:
-        ap.error(f"{args.config}: set {head.section}.feature_cache_dir (or pass --out)")
     if args.batch_size < 1 or args.shard_rows < 1:
         ap.error(f"--batch-size and --shard-rows must be at least 1, got {args.batch_size} and {args.shard_rows}")
-    if args.overwrite and Path(out).exists():
-        shutil.rmtree(out)
+    out = args.out or head.settings(cfg).feature_cache_dir
+    if args.overwrite:
+        folder = Path(out) if out else shared_feature_dir(cfg)
+        manifest = folder / MANIFEST
+        if manifest.is_file() and json.loads(manifest.read_text()).get("made_by") == "generation":
+            ap.error(f"{folder} holds the features kept while generating: --overwrite would delete them (pass --out)")
+        if folder.exists():
+            shutil.rmtree(folder)
     if wants_cpu(cfg.target.device):
         keep_freed_cpu_memory()  # reuse freed activations between forwards (see headway/memory.py)
     target, tok = load_target(cfg.target)
-    spec = head.feature_spec(cfg, target)
     ds = load_checked_data(cfg, target, tok)
-    report = build_feature_cache(
-        cfg, target, tok, ds, spec, out, batch_size=args.batch_size, shard_rows=args.shard_rows
+    cache, report = ensure_feature_cache(
+        cfg, target, tok, ds, head.feature_spec(cfg, target), out, batch_size=args.batch_size, shard_rows=args.shard_rows
     )
+    spec = cache.spec
+    print(f"features: layers {list(spec.layers)} final_normed={spec.final_normed} -> {cache.folder}")
+    if report is None:
+        return 0
     gib = report.bytes_on_disk / 2**30
-    print(f"features: layers {list(spec.layers)} final_normed={spec.final_normed} -> {report.folder}")
     print(
         f"this run: {report.rows} rows, {report.tokens} tokens in {report.total_s:.1f} s "
         f"(target forwards {report.forward_s:.1f} s, {report.tokens / max(report.total_s, 1e-9):.0f} tokens/s); "

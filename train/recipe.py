@@ -5,8 +5,10 @@
 
 `run_recipe` parses `--config` and `section.key=value` overrides (flags and overrides in any order),
 loads the config, makes the accelerator, loads the frozen target, checks the data came from it, loads
-the dataset, makes sure the feature cache is complete when `<section>.hidden_states` is offline (a
-single process builds or finishes it; several processes need it built beforehand with CACHE_COMMAND),
+the dataset, finds a feature cache holding its features when `<section>.hidden_states` is offline (the
+recipe's feature_cache_dir, else the one kept while generating; when there is none, one extraction pass
+writes the union of what data.features names, so no other head extracts again: a single process builds
+or finishes it, several need it built beforehand with CACHE_COMMAND),
 lets the head build its objective, hands it its target features (online hooks or the cache), runs
 `train(...)` and prints the head's summary. `build_feature_cache` is the one writer of caches: the
 training entries and CACHE_COMMAND (train/cache_features.py) both call it.
@@ -26,9 +28,17 @@ import torch
 from torch import nn
 
 from headway.config import Config, ConfigError, load_config
+from headway.data.captured_features import FEATURES_SUBDIR
 from headway.data.dataset import check_data_target, default_collate, load_distilled
-from headway.data.feature_cache import MANIFEST, CacheReport, FeatureCache, with_split_column, write_cache
-from headway.data.features import BatchFeatures, FeatureSource, OnlineFeatures
+from headway.data.feature_cache import (
+    MANIFEST,
+    CacheReport,
+    FeatureCache,
+    StaleCacheError,
+    with_split_column,
+    write_cache,
+)
+from headway.data.features import BatchFeatures, FeatureSource, OnlineFeatures, data_feature_spec, union
 from headway.features import FeatureSpec
 from headway.heads.vocab import DraftVocab, build_draft_vocab, coverage
 from headway.memory import format_peak
@@ -152,16 +162,56 @@ def build_feature_cache(cfg: Config, target, tok, ds, spec: FeatureSpec, folder,
     )
 
 
-def ensure_feature_cache(run: Run, spec: FeatureSpec, folder: str) -> FeatureCache:
-    """The complete cache in `folder`: built (or finished) here when a single process runs."""
-    manifest = Path(folder) / MANIFEST
-    if not (manifest.is_file() and json.loads(manifest.read_text()).get("complete")):
-        if run.accelerator.num_processes > 1:
-            raise RuntimeError(
-                f"the feature cache {folder} is not complete: build it first with one process, `{CACHE_COMMAND}`"
-            )
-        build_feature_cache(run.cfg, run.target, run.tok, run.ds, spec, folder)
-    return FeatureCache(folder)
+def shared_feature_dir(cfg: Config) -> Path:
+    """The dataset's own feature cache: kept while generating (data.features), or the one extraction pass."""
+    return Path(cfg.train.dataset_dir or cfg.data.output_dir) / FEATURES_SUBDIR
+
+
+def _complete(folder: Path) -> bool:
+    manifest = folder / MANIFEST
+    return manifest.is_file() and bool(json.loads(manifest.read_text()).get("complete"))
+
+
+def ensure_feature_cache(
+    cfg: Config, target, tok, ds, spec: FeatureSpec, folder: str | None, processes: int = 1, log=print, **options
+) -> tuple[FeatureCache, CacheReport | None]:
+    """A complete cache holding `spec` for this target, dataset and max_seq_len, and the extraction's report
+    (None when nothing was extracted).
+
+    Looked for in `folder` (the recipe's feature_cache_dir) when set, then in the dataset's shared folder
+    (`shared_feature_dir`: what generation kept). When neither holds it, one extraction pass writes `folder`,
+    or the shared folder with the union of `spec` and `data.features`, so that every head named there
+    finds its features afterwards and none extracts again. A single process builds (or finishes) it;
+    several need it built beforehand (CACHE_COMMAND)."""
+    fp, max_len = target_fingerprint(target, tok, cfg.target.name), cfg.train.max_seq_len
+    shared = shared_feature_dir(cfg)
+    dest = Path(folder) if folder else shared
+    refusals = []
+    for candidate in dict.fromkeys([dest, shared]):
+        if _complete(candidate):
+            cache = FeatureCache(candidate)
+            try:
+                cache.check(spec, fp, ds, max_len=max_len)
+            except StaleCacheError as err:
+                refusals.append(str(err))
+                continue
+            log(f"features from {candidate} ({cache.bytes_on_disk / 2**30:.2f} GiB): nothing to extract")
+            return cache, None
+    if _complete(dest):
+        raise StaleCacheError(
+            f"{refusals[0]}. Nothing was overwritten: give this recipe its own {_section(cfg)}.feature_cache_dir, "
+            "or list every offline head in data.features before the cache is made"
+        )
+    if processes > 1:
+        raise RuntimeError(f"the feature cache {dest} is not complete: build it first with one process, `{CACHE_COMMAND}`")
+    if dest == shared and cfg.data.features:
+        spec = union(spec, data_feature_spec(cfg.data.features, target.config.num_hidden_layers))
+    report = build_feature_cache(cfg, target, tok, ds, spec, dest, **options)
+    return FeatureCache(dest), report
+
+
+def _section(cfg: Config) -> str:
+    return "medusa" if cfg.medusa is not None else "eagle"
 
 
 def keep_only_what_offline_needs(target: nn.Module) -> None:
@@ -201,8 +251,6 @@ def run_recipe(head: HeadRecipe, argv: list[str] | None, doc: str) -> int:
     if settings is None:
         parser.error(f"{args.config} has no `{head.section}:` section")
     offline = settings.hidden_states == "offline"
-    if offline and not settings.feature_cache_dir:
-        parser.error(f"{args.config}: {head.section}.hidden_states is offline but {head.section}.feature_cache_dir is not set")
     problem = head.check(cfg)
     if problem:
         parser.error(f"{args.config}: {problem}")
@@ -214,7 +262,10 @@ def run_recipe(head: HeadRecipe, argv: list[str] | None, doc: str) -> int:
     target, tok = load_target(cfg.target, device=accelerator.device)
     run = Run(cfg, accelerator, target, tok, load_checked_data(cfg, target, tok))
     if offline:
-        run.cache = ensure_feature_cache(run, head.feature_spec(cfg, target), settings.feature_cache_dir)
+        run.cache, _ = ensure_feature_cache(
+            cfg, target, tok, run.ds, head.feature_spec(cfg, target), settings.feature_cache_dir,
+            accelerator.num_processes, log=accelerator.print,
+        )  # fmt: skip
     torch.manual_seed(tc.seed)  # the head's initial weights: the same on every rank and every run
     objective = head.build_objective(run)
     batches = feature_batches(run, objective)
