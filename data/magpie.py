@@ -33,7 +33,8 @@ from headway.data.overlap import eval_overlap, words
 from headway.target import stop_token_ids
 
 SENTINEL = "\ue000headway-user-turn\ue000"  # private-use characters: no template writes them
-ROWS = 32  # rows per generate call, fixed so the written prompts do not depend on generation.batch_size
+ROWS = 128  # rows per generate call: fixed, so the written prompts do not depend on generation.batch_size;
+# large, so the continuous-batching generator keeps a batch of 64 full instead of draining every call
 MAX_TRIES = 4  # candidates written per wanted prompt before a source gives up
 FOLLOW_UP_TRIES = 3
 
@@ -159,7 +160,8 @@ class PromptWriter:
             for m in chats
         ]
         out = generate_batch(
-            self.model, ids, gen.max_new_tokens, self.answer_stops, self.tok.pad_token_id, gen.temperature, gen.top_p, seed=seed
+            self.model, ids, gen.max_new_tokens, self.answer_stops, self.tok.pad_token_id, gen.temperature, gen.top_p, seed=seed,
+            batch_size=gen.batch_size,
         )
         return [self.tok.decode(_without_stop(a, self.answer_stops), skip_special_tokens=True).strip() for a in out]
 
@@ -187,7 +189,10 @@ class PromptWriter:
         closing_ids = self.tok(closing, add_special_tokens=False)["input_ids"]
         if closing_ids and closing_ids[0] in set(self.tok.all_special_ids):
             stops.add(closing_ids[0])  # the token that ends a user turn (<|im_end|>, <|eot_id|>, ...)
-        out = generate_batch(self.model, prompts, src.max_tokens, stops, self.tok.pad_token_id, src.temperature, src.top_p, seed=seed)
+        out = generate_batch(
+            self.model, prompts, src.max_tokens, stops, self.tok.pad_token_id, src.temperature, src.top_p, seed=seed,
+            batch_size=self.data.generation.batch_size,  # per-prompt seeds: the batch size changes no sample
+        )
         markers = [m for m in [*self.tok.all_special_tokens, closing.strip()] if m]
         texts = []
         for a in out:

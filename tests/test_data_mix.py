@@ -75,7 +75,7 @@ class FakeGenerate:
     def __init__(self, tok, sequential=False):
         self.tok, self.calls, self.prompts, self.sequential = tok, 0, [], sequential
 
-    def __call__(self, model, prompts, max_new_tokens, eos_ids, pad_id, temperature=0.0, top_p=1.0, seed=None):
+    def __call__(self, model, prompts, max_new_tokens, eos_ids, pad_id, temperature=0.0, top_p=1.0, seed=None, batch_size=None):
         self.calls += 1
         self.prompts += prompts
         rng = random.Random(seed)
