@@ -1,19 +1,22 @@
 """EAGLE-3 training step time: where it goes (a profile by component) and the TTT attention kernels compared.
 
-    python scripts/bench_ttt.py                                  # recipe shapes, fused vs materialised, 3 rounds
+    python scripts/bench_ttt.py --threads 1                      # recipe shapes, both TTT kernels, 3 rounds
     python scripts/bench_ttt.py --profile --shapes 1024:256      # the component table of one step
-    python scripts/bench_ttt.py --variants fused --shapes 1024:512 --rounds 1   # peak memory of the largest batch
+    python scripts/bench_ttt.py --variants default --shapes 1024:512 --rounds 1   # peak memory, largest batch
     python scripts/bench_ttt.py --shapes 64:16 --batch-size 2 --rounds 1        # smoke test (seconds)
 
 One step = what train/loop.py does per micro-batch on the recipe (configs/smollm2-135m/eagle3.yaml:
 offline features, bf16 autocast, 7 unrolled steps, draft vocabulary 8,192): the objective's loss,
 backward, clip, AdamW. Batches are synthetic: `--shapes T:A` gives `--batch-size` rows of about T tokens
-(T, T - 8, T - 16, ...: what length grouping hands the loop) whose last A tokens are target-generated
-(the recipe generates at most 256 answer tokens per turn after at most 768 prompt tokens), with random
-features. Variants (`headway_base_attention` of the drafter's layer config): `fused` is the default
-kernel (heads/eagle_attention.py), `materialised` the [B, heads, Q, T + steps] reference. They run on
-the same batches interleaved round by round, so drift on a shared CPU hits all alike; each step prints
-wall and process CPU seconds (CPU time counts what this process ran, not what it waited for).
+(T, T - 8, T - 16, ...: what length grouping hands the loop) whose last A tokens are target-generated,
+with random features. The recipe writes at most 256 answer tokens per turn after at most 768 prompt
+tokens; distilled rows are about two thirds answer (SmolLM2 math/code/general: 254 tokens, 168
+generated), so the default shapes are two-turn and long-context worst cases and two typical ones.
+Variants (`headway_base_attention` of the drafter's layer config): `default` is `ttt_attention`,
+`materialised` the plain-autograd reference (heads/eagle_attention.py). They run on the same batches
+interleaved round by round, so drift on a shared CPU hits all alike; each step prints wall and process
+CPU seconds (CPU time counts what this process ran, not what it waited for: on a shared machine
+compare CPU times, and with --threads 1, since a starved second thread spins and inflates both).
 `--profile` runs one step of the first variant under torch.profiler and splits its time by component,
 forward and backward (backward ops are matched to the forward op that recorded them).
 """
@@ -39,7 +42,7 @@ from headway.heads.vocab import DraftVocab
 from headway.memory import keep_freed_cpu_memory
 from headway.target import load_target
 
-VARIANTS = {"fused": "sdpa", "materialised": "eager"}
+VARIANTS = {"default": "sdpa", "materialised": "eager"}  # -> the drafter's headway_base_attention
 
 
 def synthetic_batch(B: int, T: int, A: int, vocab: torch.Tensor, spec, hidden: int, seed: int) -> tuple[dict, TargetFeatures]:
@@ -118,6 +121,7 @@ def labelled(drafter):
         (eagle_objective, "projected_soft_ce", "lm_head + soft CE"),
         (eagle_objective, "align_step", "bookkeeping: align, gather"),
     ]
+    patched = [(mod, attr, label) for mod, attr, label in patched if hasattr(mod, attr)]  # older trees
     saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in patched]
     for (mod, attr, label), (_, _, fn) in zip(patched, saved, strict=True):
         setattr(mod, attr, _wrapped(fn, label))
@@ -214,7 +218,7 @@ def print_profile(drafter, step, batch, feats) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/smollm2-135m/eagle3.yaml")
-    p.add_argument("--shapes", nargs="+", default=["1024:256", "512:256", "256:128"], help="T:A (tokens:generated)")
+    p.add_argument("--shapes", nargs="+", default=["1024:512", "1024:256", "512:340", "256:170"], help="T:A (tokens:generated)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--batch-size", type=int, default=None, help="default: the recipe's")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds, after one warm-up round")
