@@ -86,13 +86,13 @@ def target():
 
 @pytest.mark.parametrize("autocast", [False, True])
 def test_eagle3_loss_and_gradients_equal_with_either_kernel(target, autocast):
-    """The whole objective (7 unrolled steps, soft CE on a reduced vocabulary) through both kernels."""
+    """The whole objective (4 unrolled steps, soft CE on a reduced vocabulary) through both kernels."""
     torch.manual_seed(0)
     vocab = DraftVocab(torch.tensor([i for i in range(128) if i % 5 != 4], dtype=torch.int64), 128)
     drafter = Eagle3Drafter.from_target(target, feature_layers=[1, 2, 3], vocab=vocab)
-    objective = build_objective(drafter, EagleLossConfig(unroll_steps=7), pad_id=2).train()
-    rows = synthetic_rows(3, 128, seed=5, min_len=20, max_len=36)
-    batch = collate([rows[i] for i in range(3)], pad_id=2)
+    objective = build_objective(drafter, EagleLossConfig(unroll_steps=4), pad_id=2).train()
+    rows = synthetic_rows(2, 128, seed=5, min_len=20, max_len=36)
+    batch = collate([rows[i] for i in range(2)], pad_id=2)
     feats = OnlineFeatures(target, objective.feature_spec())(batch)
     params = [p for p in objective.parameters() if p.requires_grad]
     results = {}
