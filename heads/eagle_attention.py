@@ -14,6 +14,12 @@ test without materialising the (steps x T)^2 mask:
   given as `attention_mask` [B, 1, Q, T]) and, of every later step j <= i, only the key at the same t.
 
 That is exactly what drafting from anchor t sees: the target-fed cache up to t, then its own chain.
+`ttt_attention` is the kernel training runs; `ttt_attention_materialised`, the same attention in plain
+autograd ops, is its tested reference and serves eager base attention and attention dropout. On the
+SmolLM2 EAGLE-3 recipe (one CPU thread, kernel inputs of a step with 8 x 1,024 tokens) forward and
+backward over the 7 unrolled steps take 1.08 s against 1.43 s; torch's CPU flash attention with the
+diagonal merged through its log-sum-exp took 1.78 s (its kernel does ~40 GFLOP/s here, the bf16 matmuls
+~450), so the scores stay materialised, in the matmul dtype, and are only ever walked a few times.
 """
 
 from __future__ import annotations
@@ -98,7 +104,93 @@ def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def ttt_attention(module, query, key, value, attention_mask, block: int, dropout=0.0, scaling=None):
-    """Step i of the unroll: causal block over the T step-0 keys + the diagonal of each later step.
+    """Step i of the unroll: the causal block over the T step-0 keys + the diagonal of each later step.
+
+    Queries: Q anchors (Q = T at step 0; steps >= 1 may run on a gathered subset of anchors). Keys: the
+    T step-0 keys, then Q keys per later step in the same anchor order. `attention_mask` [B, 1, Q, T]
+    is the causal/padding block of those anchors' rows. The same numbers as `ttt_attention_materialised`
+    (its scores are rounded to the matmul dtype too) with fewer passes over the [B, heads, Q, T] scores:
+    the block's scores go through bf16 (the matmul dtype) matmuls, the diagonal's (`later` per query) in
+    fp32, and the softmax with its value product is one autograd node (`_SoftmaxValues`) whose backward
+    works on row blocks, so no fp32 copy of the scores is ever whole. Without dropout only.
+    """
+    T, (B, H, Q, D) = block, query.shape
+    _check_ttt_shapes(query, key, block)
+    later, kv_heads = (key.shape[2] - T) // Q, key.shape[1]
+    dtype, out_dtype = _matmul_dtype(query), torch.promote_types(query.dtype, value.dtype)
+    scaling = D**-0.5 if scaling is None else scaling
+    q = query.to(dtype).reshape(B, kv_heads, H // kv_heads, Q, D)  # [B, kv heads, group, Q, D]
+    key, value = key.to(dtype), value.to(dtype)
+    scores = torch.matmul(q.flatten(2, 3), key[:, :, :T].transpose(2, 3)).view(*q.shape[:-1], T)
+    k_later = key[:, :, T:].view(B, kv_heads, later, Q, D)  # step j+1's key at each anchor
+    diag = torch.einsum("bkgqd,bkjqd->bkgqj", q.float(), k_later.float()) * scaling
+    v_later = value[:, :, T:].view(B, kv_heads, later, Q, D)
+    with torch.autocast(query.device.type, enabled=False):  # dtypes are set here, not per op
+        out = _SoftmaxValues.apply(scores, diag, attention_mask[..., :T], scaling, value[:, :, :T], v_later)
+    return out.view(B, H, Q, D).to(out_dtype).transpose(1, 2).contiguous(), None
+
+
+def _check_ttt_shapes(query, key, block: int) -> None:
+    Q = query.shape[2]
+    if key.shape[2] < block or (key.shape[2] - block) % Q:
+        raise ValueError(f"TTT attention: {Q} queries and {key.shape[2]} keys for a step-0 block of {block}")
+
+
+BACKWARD_ROWS = 512  # (head, query) rows per block of the softmax backward: 2 MB of fp32 at T = 1,024
+
+
+class _SoftmaxValues(torch.autograd.Function):
+    """softmax([block scores * scale + mask ; diagonal scores]) @ [block values ; diagonal values].
+
+    scores [B, KV, G, Q, T] (q.k, matmul dtype); diag [B, KV, G, Q, later] (fp32, scaled); mask
+    [B, 1, Q, T] additive; v_block [B, KV, T, D]; v_later [B, KV, later, Q, D] -> fp32 [B, KV, G, Q, D].
+    Kept for backward: the probabilities once, in the matmul dtype. Backward forms rowsum(dP * P) from
+    them exactly (fp32), so each row's score gradient sums to zero as softmax's does.
+    """
+
+    @staticmethod
+    def forward(ctx, scores, diag, mask, scale: float, v_block, v_later):
+        B, KV, G, Q, T = scores.shape
+        later = diag.shape[-1]
+        logits = torch.empty(B, KV, G, Q, T + later, dtype=scores.dtype, device=scores.device)
+        torch.add(mask.to(scores.dtype)[:, :, None], scores, alpha=scale, out=logits[..., :T])
+        logits[..., T:] = diag
+        probs = torch.softmax(logits, dim=-1)  # fp32 inside, stored in the matmul dtype
+        out = torch.matmul(probs[..., :T].reshape(B, KV, G * Q, T), v_block).view(B, KV, G, Q, -1).float()
+        if later:
+            out += torch.einsum("bkgqj,bkjqd->bkgqd", probs[..., T:].float(), v_later.float())
+        ctx.save_for_backward(probs, v_block, v_later)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        probs, v_block, v_later = ctx.saved_tensors
+        B, KV, G, Q, width = probs.shape
+        later = v_later.shape[2]
+        T = width - later
+        d_out = d_out.float()
+        do = d_out.to(probs.dtype).reshape(B, KV, G * Q, -1)
+        d_v_block = torch.matmul(probs[..., :T].reshape(B, KV, G * Q, T).transpose(2, 3), do)
+        dp = torch.matmul(do, v_block.transpose(2, 3)).view(B, KV, G, Q, T)  # d loss / d block probabilities
+        p_later = probs[..., T:].float()
+        dp_later = torch.einsum("bkgqd,bkjqd->bkgqj", d_out, v_later.float())
+        dot = (dp_later * p_later).sum(-1, keepdim=True)
+        d_scores = torch.empty_like(dp)
+        rows = [t.view(-1, t.shape[-1]) for t in (dp, probs, dot, d_scores)]
+        for s in range(0, rows[0].shape[0], BACKWARD_ROWS):
+            g, p, row_dot, ds = (t[s : s + BACKWARD_ROWS] for t in rows)
+            g, p = g.float(), p[:, :T].float()
+            row_dot += torch.matmul(g.unsqueeze(-2), p.unsqueeze(-1)).squeeze(-1)  # rowsum(dP * P)
+            torch.mul(g.sub_(row_dot).mul_(p), ctx.scale, out=ds)  # softmax backward, then the scale
+        d_diag = (dp_later - dot) * p_later
+        d_v_later = torch.einsum("bkgqj,bkgqd->bkjqd", p_later, d_out).to(v_later.dtype)
+        return d_scores, d_diag, None, None, d_v_block, d_v_later
+
+
+def ttt_attention_materialised(module, query, key, value, attention_mask, block: int, dropout=0.0, scaling=None):
+    """Step i of the unroll in plain autograd ops, every score in memory: the reference `ttt_attention` is
+    tested against, used with eager base attention and with attention dropout.
 
     Queries: Q anchors (Q = T at step 0; steps >= 1 may run on a gathered subset of anchors). Keys: the
     T step-0 keys, then Q keys per later step in the same anchor order. `attention_mask` [B, 1, Q, T]
@@ -107,8 +199,7 @@ def ttt_attention(module, query, key, value, attention_mask, block: int, dropout
     their query group instead of repeated, probabilities kept once in the matmul dtype (`_SoftmaxTo`).
     """
     T, (B, H, Q, D) = block, query.shape
-    if key.shape[2] < T or (key.shape[2] - T) % Q:
-        raise ValueError(f"TTT attention: {Q} queries and {key.shape[2]} keys for a step-0 block of {T}")
+    _check_ttt_shapes(query, key, block)
     later, kv_heads, out_dtype = (key.shape[2] - T) // Q, key.shape[1], query.dtype
     dtype = _matmul_dtype(query)
     q = query.to(dtype).reshape(B, kv_heads, H // kv_heads, Q, D)  # [B, kv heads, group, Q, D]
@@ -131,15 +222,17 @@ def ttt_attention(module, query, key, value, attention_mask, block: int, dropout
 
 def eagle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     block = kwargs.pop("eagle_ttt_block", None)
+    eager = getattr(module.config, BASE_ATTENTION_ATTR, "sdpa") == "eager"
     if block is not None:
-        return ttt_attention(
-            module, query, key, value, attention_mask, block, dropout=dropout, scaling=scaling
-        )
+        # eager keeps the plain reference; so does attention dropout, which only it applies
+        reference = eager or (dropout and module.training)
+        kernel = ttt_attention_materialised if reference else ttt_attention
+        return kernel(module, query, key, value, attention_mask, block, dropout=dropout, scaling=scaling)
     if attention_mask is None and query.shape[2] > 1:
         raise ValueError("EAGLE drafter attention needs an explicit float mask for more than one query")
     if attention_mask is not None and attention_mask.dtype != query.dtype:
         attention_mask = attention_mask.to(query.dtype)  # SDPA wants the query's dtype (autocast: bf16)
-    if getattr(module.config, BASE_ATTENTION_ATTR, "sdpa") == "eager":
+    if eager:
         return eager_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
     return sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=False, **kwargs

@@ -6,10 +6,13 @@
 
 Autograd would keep each call's logits and their fp32 log-softmax until backward: on the SmolLM2 EAGLE-3
 recipe (8 x 1,024 tokens, 8,192-token draft head) 0.43 GB per unrolled step, 3 GB for seven. Here the
-gradient with respect to the logits, softmax(z) * sum(p) - p, is formed chunk by chunk in the forward
-pass and folded at once into the gradients of `hidden` and `weight`: what stays for backward is [n, d] +
-[V, d], the transient is one chunk's logits, and the matmuls are those autograd would have run (in the
-ambient autocast dtype). Without gradients (validation) only the loss and predictions are computed.
+gradient with respect to the logits, softmax(z) * sum(p) - p, is formed in the forward pass, written over
+the logits (in their dtype: the ambient autocast one) and folded at once into the gradients of `hidden`
+and `weight`: what stays for backward is [n, d] + [V, d]; the transient is the [n, V] logits in the
+matmul dtype plus one chunk's fp32 temporaries. The three matmuls are those autograd would have run,
+each over all n positions at once; the fp32 passes run chunk by chunk, which keeps them in cache (SmolLM2
+recipe, 2,000 positions, one thread: 0.20 s against 0.25 s for 2,048-row chunks with a matmul each).
+Without gradients (validation) only the loss and predictions are computed.
 """
 
 from __future__ import annotations
@@ -17,29 +20,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-CHUNK = 2048  # positions per chunk: the transient is CHUNK x V logits in fp32, a few times over
+CHUNK = 512  # positions per fp32 pass: CHUNK x V floats (16 MB at V = 8,192)
 
 
 def _chunks(hidden, weight, probs, rows, chunk, with_grads):
-    """Loss sum, predictions and (with_grads) d loss / d hidden, d loss / d weight, chunk by chunk."""
-    n = hidden.shape[0]
+    """Loss sum, predictions and (with_grads) d loss / d hidden, d loss / d weight."""
+    logits = F.linear(hidden, weight)  # [n, V] in the autocast dtype when autocast is on, as the plain loss
     loss = hidden.new_zeros((), dtype=torch.float32)
-    pred = torch.empty(n, dtype=torch.long, device=hidden.device)
-    grad_h = torch.empty_like(hidden) if with_grads else None
-    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if with_grads else None
-    for s in range(0, n, chunk):
-        h, r = hidden[s : s + chunk], rows[s : s + chunk]
-        z = F.linear(h, weight)  # in the autocast dtype when autocast is on, as the plain loss would be
-        pred[s : s + chunk] = z.argmax(-1)
-        keep = r >= 0
-        target = torch.zeros(z.shape, dtype=torch.float32, device=z.device)
-        target[keep] = probs[r[keep]].float()
-        logp = torch.log_softmax(z.float(), dim=-1)
+    pred = torch.empty(hidden.shape[0], dtype=torch.long, device=hidden.device)
+    for s in range(0, hidden.shape[0], chunk):
+        z, r = logits[s : s + chunk], rows[s : s + chunk]
+        zf = z.float()
+        pred[s : s + chunk] = zf.argmax(-1)  # z's argmax (the cast is exact), several times faster in fp32
+        target = probs.index_select(0, r.clamp(min=0)).float().masked_fill_((r < 0)[:, None], 0.0)
+        logp = torch.log_softmax(zf, dim=-1)
         loss = loss - (target * logp).sum()
-        if with_grads:
-            g = logp.exp_().mul_(target.sum(-1, keepdim=True)).sub_(target).to(z.dtype)  # d CE / d z
-            grad_h[s : s + chunk] = (g @ weight.to(z.dtype)).to(hidden.dtype)
-            grad_w += (g.T @ h.to(z.dtype)).float()
+        if with_grads:  # d CE / d z, over the chunk's logits
+            z.copy_(logp.exp_().mul_(target.sum(-1, keepdim=True)).sub_(target))
+    if not with_grads:
+        return loss, pred, None, None
+    grad_h = (logits @ weight.to(logits.dtype)).to(hidden.dtype)
+    grad_w = (logits.T @ hidden.to(logits.dtype)).float()
     return loss, pred, grad_h, grad_w
 
 
