@@ -17,9 +17,10 @@ from tiny_models import tiny_llama
 
 import headway.inference.engine as engine_mod
 from headway.inference.acceptance import accept_sampling, residual
-from headway.inference.drafters import ModelDrafter
+from headway.inference.allocation import NodePlanner
+from headway.inference.drafters import FusedDrafter, LookupDrafter, ModelDrafter
 from headway.inference.engine import SpecEngine
-from headway.inference.trees import Tree, TreeSpec, chain
+from headway.inference.trees import DRAFTER_DEFAULT_ACCURACIES, Tree, TreeSpec, chain
 from headway.sampling import SamplingParams, warp
 
 
@@ -104,12 +105,25 @@ CASES = {
         SamplingParams(temperature=0.8, top_p=0.9, top_k=4),
     ),
     "dynamic": (TreeSpec("dynamic", depth=3, top_k=2, budget=5), "topk", SamplingParams(temperature=1.0)),
+    # Prompt-lookup candidates merged into the trained tree: one-hot q rows beside sampled ones ...
+    "fused-tree-sampled": (TreeSpec("static", BRANCHING), "sample", SamplingParams(temperature=1.0)),
+    # ... and beside deterministic (top-k) picks, q None throughout.
+    "fused-dynamic": (TreeSpec("dynamic", depth=3, top_k=2, budget=5), "topk", SamplingParams(temperature=0.8)),
 }
+
+
+def fused(drafter: ModelDrafter, spec: TreeSpec) -> FusedDrafter:
+    """The drafter's tree with lookup candidates (up to 4 tokens, 2 candidates) merged in."""
+    planner = NodePlanner(DRAFTER_DEFAULT_ACCURACIES, spec.num_nodes, spec.max_depth, lookup_depth=4, resize_trained=False)
+    return FusedDrafter(drafter, LookupDrafter(max_ngram=3, max_tokens=4, num_candidates=2), planner, DRAFTER_DEFAULT_ACCURACIES)
 
 
 def _engine(target, draft_model, case):
     spec, children, s = CASES[case]
-    return SpecEngine(target, ModelDrafter(draft_model, children=children), spec, s, eos_ids=set()), s
+    drafter = ModelDrafter(draft_model, children=children)
+    if case.startswith("fused"):
+        drafter = fused(drafter, spec)
+    return SpecEngine(target, drafter, spec, s, eos_ids=set()), s
 
 
 def test_models_differ_enough(target, draft_model):
@@ -128,6 +142,9 @@ def test_speculative_sampling_matches_target(target, draft_model, case):
     pval = chi_square_p(counts, exact_joint(target, s))
     assert pval > 0.01, f"{case}: chi-square rejects the sampler (p = {pval:.2e})"
     assert sum(engine.timings.values()) > 0
+    if case.startswith("fused"):  # lookup nodes were verified beside the drafter's, and some accepted
+        t = engine.drafter.totals
+        assert t["lookup_nodes"] > SAMPLES and t["lookup_tokens"] > SAMPLES // 10, t
 
 
 def _wrong_correction(p, q):
@@ -153,7 +170,7 @@ class _NoRenormDrafter(ModelDrafter):
         return dt
 
 
-@pytest.mark.parametrize("case", ["chain-sampled", "tree-sampled"])
+@pytest.mark.parametrize("case", ["chain-sampled", "tree-sampled", "fused-dynamic"])
 def test_negative_control_residual_from_p_is_rejected(target, draft_model, case, monkeypatch):
     monkeypatch.setattr(
         engine_mod, "accept_sampling", functools.partial(accept_sampling, correction=_wrong_correction)
