@@ -13,7 +13,9 @@ a prior by a few pseudo-counts. A node's value is its estimated probability of b
 - lookup nodes: the product of lookup's alpha down to the node's depth, halved per candidate rank
   (the most recent longest match first).
 The plan keeps the most valuable nodes: the budget, or more where an extra node's value pays for
-its verification time (expected tokens per second on the measured cost curve). All Python floats.
+its verification time (expected tokens per second on the measured cost curve). Where lookup alone
+promises more tokens per second than paying for the trained drafter's forwards too, the trained
+drafter sits the step out (it catches up on the skipped tokens at its next draft). All Python floats.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def conditional_alphas(values: list[float], depths: list[int], depth: int) -> li
 
 @dataclass
 class Plan:
-    trained: int  # nodes the trained drafter grows (one count for the batch)
+    trained: int  # nodes the trained drafter grows (one count for the batch; 0: not drafted this step)
     lookup: list[list[int]]  # per row: lookup trie nodes to merge, parents first
 
 
@@ -121,8 +123,10 @@ class NodePlanner:
         self.trained_prior = conditional_alphas(self.values[:budget], self.depths[:budget], self.max_depth)
 
     def set_cost(self, curve: dict[int, float] | None, draft_cost: float = 0.0) -> None:
-        """Verification seconds per node count (None: keep exactly `budget` nodes)."""
-        self.cost = None if curve is None else [cost_at(curve, n + 1) + draft_cost for n in range(self.max_budget + 1)]
+        """The measured verify-cost curve and the trained drafter's seconds per step (None: keep
+        exactly `budget` nodes, and always draft)."""
+        self.verify = None if curve is None else [cost_at(curve, n + 1) for n in range(self.max_budget + 1)]
+        self.draft_cost = draft_cost
 
     def new_stats(self) -> dict[int, DepthStats]:
         return {TRAINED: DepthStats(list(self.trained_prior)), LOOKUP: DepthStats([LOOKUP_PRIOR] * self.lookup_depth)}
@@ -144,33 +148,42 @@ class NodePlanner:
             reach.append(reach[-1] * stats.alpha(d - 1))
         return [reach[depth[i]] * RANK_DISCOUNT ** origin[i] for i in range(1, len(depth))]
 
-    def _size(self, merged: list[float]) -> int:
-        """How many of the (best-first) node values to verify."""
+    def _best(self, merged: list[float], draft_cost: float, floor: int) -> tuple[int, float]:
+        """How many of the (best-first) node values to verify, and the expected tokens per second."""
         n_max = min(self.max_budget, len(merged))
-        if self.cost is None:
-            return min(self.budget, n_max)
-        best, best_n, total = 1.0 / self.cost[0], 0, 1.0
+        if self.verify is None:
+            return min(self.budget, n_max), 0.0
+        best, best_n, total = 1.0 / (self.verify[0] + draft_cost), 0, 1.0
         for n in range(1, n_max + 1):
             total += merged[n - 1]
-            rate = total / self.cost[n]
-            if rate > best or n <= self.budget:  # never below the budget the trained drafter alone gets
+            rate = total / (self.verify[n] + draft_cost)
+            if rate > best or n <= floor:
                 best, best_n = max(best, rate), n
-        return best_n
+        return best_n, best
 
     def plan(self, stats: list[dict[int, DepthStats]], lookup: list[tuple[list[int], list[int]]]) -> Plan:
-        """stats: per row; lookup: per row (depth per node incl. the root, origin rank per node incl. the root)."""
-        n_max = self.max_budget if self.cost is not None else self.budget
-        trained_counts, keep = [], []
+        """stats: per row; lookup: per row (depth per node incl. the root, origin rank per node incl. the root).
+
+        With a cost curve and a measured draft cost, the trained drafter is skipped for the step
+        (`Plan.trained` 0) when every row expects more tokens per second from lookup alone."""
+        n_max = self.max_budget if self.verify is not None else self.budget
+        trained_counts, keep, alone, skip = [], [], [], self.draft_cost > 0
         for st, (depth, origin) in zip(stats, lookup, strict=True):
             lv = self.lookup_values(st[LOOKUP], depth, origin) if len(depth) > 1 else []
             # Best first: a lookup node ties after trained ones and after its parent (lower index).
             streams = [_scaled(vals, r) for vals, r in zip(self.by_depth, self.depth_factors(st[TRAINED]), strict=True)]
-            streams.append(sorted((-v, 1, i + 1) for i, v in enumerate(lv)))
-            merged = list(islice(heapq.merge(*streams), n_max))
-            n = self._size([-m[0] for m in merged])
+            lk = sorted((-v, 1, i + 1) for i, v in enumerate(lv))
+            merged = list(islice(heapq.merge(*streams, lk), n_max))
+            # never fewer nodes than the trained drafter alone verifies
+            n, rate = self._best([-m[0] for m in merged], self.draft_cost, self.budget)
             nodes = sorted(m[2] for m in merged[:n] if m[1])
             trained_counts.append(max(1, n - len(nodes)))
             keep.append(nodes)
+            n_alone, rate_alone = self._best([-m[0] for m in lk], 0.0, 0)
+            alone.append(sorted(m[2] for m in lk[:n_alone]))
+            skip = skip and n_alone > 0 and rate_alone > rate
+        if skip:
+            return Plan(0, alone)
         n_trained = max(trained_counts) if self.resize_trained else self.budget
         return Plan(n_trained, keep)
 

@@ -231,3 +231,52 @@ def test_lookup_settings_are_typed_and_checked_at_load():
         load_config(ROOT / "configs/smollm2-135m/eagle3.yaml", ["inference.drafter=both"])
     with pytest.raises(ValueError, match="max_tokens and num_candidates"):
         LookupDrafter(max_tokens=0)
+
+
+def test_planner_skips_the_drafter_only_when_lookup_alone_pays_more():
+    curve = {1: 1.0, 128: 2.0}
+    planner = NodePlanner(DRAFTER_DEFAULT_ACCURACIES, budget=8, max_depth=4, lookup_depth=6, curve=curve, max_budget=16)
+    sure, unsure = planner.new_stats(), planner.new_stats()
+    for _ in range(20):
+        sure[LOOKUP].update(6, 6)
+        unsure[LOOKUP].update(1, 0)
+    chain = _lookup_trie([1, 2, 3, 4, 5, 6])
+    assert planner.plan([sure], [chain]).trained > 0  # drafting costs nothing measured: always draft
+    planner.set_cost(curve, draft_cost=1.0)  # a drafter forward pass costs as much as verifying
+    skip = planner.plan([sure], [chain])
+    assert skip.trained == 0 and skip.lookup == [[1, 2, 3, 4, 5, 6]]
+    assert planner.plan([unsure], [chain]).trained > 0  # lookup is not reliable enough here
+    assert planner.plan([sure, unsure], [chain, chain]).trained > 0  # one row still wants the drafter
+    assert planner.plan([sure], [([0], [-1])]).trained > 0  # no lookup match: draft as usual
+
+
+def test_a_skipped_drafter_drafts_from_both_observations(tiny):
+    """ModelDrafter observing twice (a fused step drafted by lookup alone) equals observing once."""
+    draft_model = tiny_llama(vocab_size=64, hidden_size=32, num_layers=1, seed=2)
+    spec = TreeSpec("dynamic", depth=3, top_k=2, budget=4)
+    once, twice = ModelDrafter(draft_model), ModelDrafter(draft_model)
+    rows = [[3, 4, 5, 6, 7], [9, 8, 7]]
+    once.observe(_acc(rows))
+    twice.observe(_acc([r[:2] for r in rows]))
+    twice.observe(_acc([r[2:] for r in rows]))
+    root = torch.tensor([1, 2])
+    a, b = (d.draft(root, spec, SamplingParams(), None) for d in (once, twice))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+
+
+def test_fused_eagle_skipped_on_some_steps_stays_lossless(tiny):
+    """A measured drafting cost makes the planner leave some steps to lookup alone: the EAGLE drafter
+    then catches up on two observations at once, and the output is still plain greedy's."""
+    from headway.heads.eagle import Eagle1Drafter
+    from headway.inference.drafters import EagleTreeDrafter
+
+    spec = TreeSpec("dynamic", depth=3, top_k=2, budget=4)
+    planner = NodePlanner(DRAFTER_DEFAULT_ACCURACIES, 4, 3, lookup_depth=6, curve={1: 1.0, 64: 2.0}, draft_cost=0.5)
+    eagle = EagleTreeDrafter(Eagle1Drafter.from_target(tiny).eval())
+    fused = FusedDrafter(eagle, LookupDrafter(max_tokens=6), planner, DRAFTER_DEFAULT_ACCURACIES)
+    engine = SpecEngine(tiny, fused, spec, eos_ids={2})
+    for batch in (1, 4):
+        for i in range(0, len(PROMPTS), batch):
+            out = engine.generate(PROMPTS[i : i + batch], 24)
+            assert out.tokens == [_plain(tiny, p, 24) for p in PROMPTS[i : i + batch]]
+    assert fused.skipped > 0 and fused.totals["trained_nodes"] > 0

@@ -35,6 +35,7 @@ class FusedDrafter:
         self._static: dict[tuple[int, int], TreeSpec] = {}
         # Since construction: nodes each source added to verified trees, accepted tokens credited to it.
         self.totals = {"trained_nodes": 0, "lookup_nodes": 0, "trained_tokens": 0, "lookup_tokens": 0}
+        self.skipped = 0  # steps drafted by lookup alone
         self.reset()
 
     def feature_spec(self) -> FeatureSpec:
@@ -88,7 +89,11 @@ class FusedDrafter:
         roots = root.tolist()
         lk = self.lookup.tries(roots, self.lookup.max_nodes)
         plan = self.planner.plan(self.stats, [(t.depth, t.origin) for t in lk])
-        dt = self.trained.draft(root, self._trained_spec(spec, plan.trained), sampling, generator)
+        if plan.trained == 0:  # lookup alone this step; the trained drafter catches up next time
+            dt = DraftTree(root.new_zeros(len(roots), 0), root.new_zeros(len(roots), 0))
+            self.skipped += 1
+        else:
+            dt = self.trained.draft(root, self._trained_spec(spec, plan.trained), sampling, generator)
         if not any(plan.lookup):
             self.totals["trained_nodes"] += dt.tokens.numel()
             self.last = [self._sources(TokenTrie.of(t, p), [TRAINED] * len(t)) for t, p in self._rows(dt)]
