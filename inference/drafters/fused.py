@@ -17,6 +17,8 @@ drafts, so greedy and sampling acceptance both stay lossless.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from headway.features import FeatureSpec
@@ -36,6 +38,9 @@ class FusedDrafter:
         # Since construction: nodes each source added to verified trees, accepted tokens credited to it.
         self.totals = {"trained_nodes": 0, "lookup_nodes": 0, "trained_tokens": 0, "lookup_tokens": 0}
         self.skipped = 0  # steps drafted by lookup alone
+        # Acceptance over every row so far: where a new batch's rows start, so that what was learnt
+        # on earlier prompts carries over (a short answer would otherwise be planned from priors).
+        self.carry = planner.new_stats()
         self.reset()
 
     def feature_spec(self) -> FeatureSpec:
@@ -54,7 +59,7 @@ class FusedDrafter:
 
     def observe(self, acc: Accepted) -> None:
         if not self.stats:
-            self.stats = [self.planner.new_stats() for _ in range(acc.tokens.shape[0])]
+            self.stats = [copy.deepcopy(self.carry) for _ in range(acc.tokens.shape[0])]
         if self.last is not None:
             self._credit(acc)
         self.trained.observe(acc)
@@ -71,7 +76,9 @@ class FusedDrafter:
                 while credit < len(path) and src[path[credit]] & s:
                     credit += 1
                 last = path[credit - 1] if credit else 0
-                st[s].update(credit + (1 if kid_src[last] & s else 0), credit)
+                reached = credit + (1 if kid_src[last] & s else 0)
+                st[s].update(reached, credit)
+                self.carry[s].update(reached, credit)
                 self.totals["trained_tokens" if s == TRAINED else "lookup_tokens"] += credit
         self.last = None
 
