@@ -36,7 +36,7 @@ def accept_greedy(pred, tokens, parents, anc, depth) -> Verdict:
     pred [B, Q]: the target's argmax at each node; only parents' entries are read, so the engine
     may leave leaves at -1 and compute the bonus of an accepted leaf afterwards."""
     match = tokens == pred.gather(1, parents.expand_as(tokens))
-    ok = torch.cat([torch.ones_like(match[:, :1]), match], 1)
+    ok = torch.cat([match.new_ones(match.shape[0], 1), match], 1)  # the root; a tree may have no nodes
     best = _deepest(_path_accepted(ok, anc), depth.expand_as(ok))
     return Verdict(best, pred.gather(1, best[:, None])[:, 0])
 
@@ -53,7 +53,7 @@ def accept_typical(
     limit = torch.minimum(torch.full_like(ent, threshold), alpha * torch.exp(-ent))
     par = parents.expand_as(tokens)
     p_tok = p.gather(1, par[..., None].expand(-1, -1, p.shape[-1])).gather(2, tokens[..., None])[..., 0]
-    ok = torch.cat([torch.ones_like(tokens[:, :1], dtype=torch.bool), p_tok > limit.gather(1, par)], 1)
+    ok = torch.cat([tokens.new_ones(tokens.shape[0], 1, dtype=torch.bool), p_tok > limit.gather(1, par)], 1)
     best = _deepest(_path_accepted(ok, anc), depth.expand_as(ok))
     bonus = pick(logits.gather(1, best[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0], s, generator)
     return Verdict(best, bonus)

@@ -16,6 +16,7 @@ from headway.heads.vocab import DraftVocab
 from headway.inference.allocation import NodePlanner
 from headway.inference.drafters import FusedDrafter, LookupDrafter
 from headway.inference.engine import SpecEngine
+from headway.inference.gpu_check import echo_drafter  # noqa: F401 (re-exported for the tests)
 from headway.inference.questions import load_questions
 from headway.inference.trees import DEFAULT_ACCURACIES, DRAFTER_DEFAULT_ACCURACIES
 
@@ -73,22 +74,6 @@ def plain_greedy(model, ids_list: list[list[int]]) -> list[list[int]]:
         toks = out[0, len(ids) :].tolist()
         refs.append(toks[: toks.index(EOS) + 1] if EOS in toks else toks)
     return refs
-
-
-def echo_drafter(drafter):
-    """An EAGLE drafter whose layer passes the target feature through: fc reads only the last feature
-    block, attention and MLP outputs are zeroed. Drafting then reads the target's own head on its
-    last feature, i.e. it guesses like untrained Medusa heads (the target's next token, one step
-    early), so some drafts are accepted. A random untrained drafter gets almost none (measured over
-    these 20 prompts, static tree: EAGLE-1 0, EAGLE-3 1), which would leave accepted paths untested."""
-    h = drafter.config.hidden_size
-    layer = drafter.midlayer if hasattr(drafter, "midlayer") else drafter.layers[0]
-    with torch.no_grad():
-        drafter.fc.weight.zero_()
-        drafter.fc.weight[:, -h:] = torch.eye(h)
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-    return drafter
 
 
 def check_lossless(model, drafter, spec, ids_list, refs, batch: int, *, min_accepted: int) -> int:

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 import yaml
+from lossless_common import one_thread  # noqa: F401 (fixture: one thread)
 from train_helpers import write_dataset, write_tiny_target
 
 from headway.config import TargetConfig, load_config
@@ -21,15 +22,6 @@ from headway.inference.build import build_engine
 from headway.target import load_target
 
 STEPS = 30
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small ops on 2 threads stall badly when other processes share the cores; 1 thread is steady."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lossless_common import one_thread  # noqa: F401 (fixture: one thread)
 from tiny_models import tiny_llama
 
 from headway.config import ConfigError, load_config
@@ -21,14 +22,6 @@ from headway.inference.trees import DRAFTER_DEFAULT_ACCURACIES, TreeSpec
 from headway.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------- the index and its candidates
@@ -134,10 +127,22 @@ def tiny():
     return tiny_llama(vocab_size=64, hidden_size=32, num_layers=2, seed=1)
 
 
+class _CountEmpty(LookupDrafter):
+    empty = 0
+
+    def draft(self, root, spec, sampling, generator):
+        dt = super().draft(root, spec, sampling, generator)
+        self.empty += dt.tokens.shape[1] == 0
+        return dt
+
+
 def test_lookup_alone_and_empty_trees_are_lossless(tiny):
-    """Prompt [1, 3] has no match on its first step: an empty tree, i.e. a plain decoding step."""
+    """Steps where no row matches draft an empty tree, i.e. a plain decoding step."""
     refs = [_plain(tiny, p, 24) for p in PROMPTS]
-    engine = SpecEngine(tiny, LookupDrafter(), TreeSpec("dynamic", depth=10, top_k=3, budget=30), eos_ids={2})
+    drafter = _CountEmpty(min_ngram=2)
+    engine = SpecEngine(tiny, drafter, TreeSpec("dynamic", depth=10, top_k=3, budget=30), eos_ids={2})
+    out = engine.generate([[20, 21, 22]], 4)  # the first step's 2-gram (22, 22) is new to the history
+    assert out.tokens == [_plain(tiny, [20, 21, 22], 4)] and drafter.empty > 0
     for batch in (1, 4):
         accepted = 0
         for i in range(0, len(PROMPTS), batch):
@@ -145,6 +150,9 @@ def test_lookup_alone_and_empty_trees_are_lossless(tiny):
             assert out.tokens == refs[i : i + batch]
             accepted += sum(map(sum, out.accepted))
         assert accepted > 20  # the tiny model repeats itself: lookup is right often
+    sampled = SpecEngine(tiny, drafter, TreeSpec("dynamic", budget=30), SamplingParams(temperature=1.0), eos_ids={2})
+    drafter.empty = 0
+    assert len(sampled.generate([[20, 21, 22]], 4).tokens[0]) == 4 and drafter.empty > 0  # sampling: same
 
 
 def test_fused_tree_merges_and_credits_both_sources(tiny):
