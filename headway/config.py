@@ -194,6 +194,8 @@ class InferenceConfig:
     lookup: LookupConfig = field(default_factory=LookupConfig)
     tree: Literal["auto", "chain", "static", "dynamic"] = "auto"  # auto: static for Medusa, dynamic for EAGLE
     tree_budget: int | Literal["auto"] = "auto"  # nodes verified per step
+    # Deepest draft node. With tree_budget auto, a dynamic tree of a drafter that runs one forward per
+    # level (EAGLE, layer-skip) may get a shallower depth once that forward's cost is measured.
     depth: int = 5
     top_k: int = 8
     temperature: float = 0.0

@@ -107,20 +107,19 @@ class NodePlanner:
     ):
         self.max_budget = max(budget, max_budget)
         self.resize_trained = resize_trained  # False: the trained tree keeps its size (a fixed static tree)
-        self.values, self.depths = profile_nodes(accuracies, self.max_budget, max_depth)
-        self.max_depth, self.lookup_depth = max_depth, lookup_depth
-        self.by_depth = [
-            [v for v, d in zip(self.values, self.depths, strict=True) if d == k] for k in range(1, max(self.depths) + 1)
-        ]
-        self.set_budget(budget)
+        self.accuracies, self.lookup_depth = accuracies, lookup_depth
+        self.set_budget(budget, max_depth)
         self.set_cost(curve, draft_cost)
 
-    def set_budget(self, budget: int) -> None:
-        """The nodes the trained drafter alone would verify: never fewer per step, and its prior alphas."""
+    def set_budget(self, budget: int, max_depth: int) -> None:
+        """The trained drafter's tree: the nodes it alone would verify (never fewer per step) and its
+        depth; its prior alphas and node values follow from the profile."""
         if not 1 <= budget <= self.max_budget:
             raise ValueError(f"node budget must be in 1..{self.max_budget}, got {budget}")
-        self.budget = budget
-        self.trained_prior = conditional_alphas(self.values[:budget], self.depths[:budget], self.max_depth)
+        self.budget, self.max_depth = budget, max_depth
+        values, depths = profile_nodes(self.accuracies, self.max_budget, max_depth)
+        self.trained_prior = conditional_alphas(values[:budget], depths[:budget], max_depth)
+        self.by_depth = [[v for v, d in zip(values, depths, strict=True) if d == k] for k in range(1, max(depths) + 1)]
 
     def set_cost(self, curve: dict[int, float] | None, draft_cost: float = 0.0) -> None:
         """The measured verify-cost curve and the trained drafter's seconds per step (None: keep

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from headway.config import Config
 from headway.inference.allocation import NodePlanner
-from headway.inference.cost import choose_budget, measure_verify_cost
+from headway.inference.cost import best_row, choose_budget, measure_verify_cost
 from headway.inference.drafters.fused import FusedDrafter
 from headway.inference.drafters.lookup import LookupDrafter
 from headway.inference.engine import SpecEngine
@@ -265,19 +265,28 @@ def retune_budget(
     setup: EngineSetup, curve: dict[int, float], draft_cost: float, max_budget: int = 127
 ) -> None:
     """Re-choose an auto budget now that the drafter's own cost per step is measured: a drafter that
-    costs a constant per step makes verifying a few more nodes relatively cheaper. Prompt lookup
+    costs a constant per step makes verifying a few more nodes relatively cheaper. A dynamic tree's
+    drafter runs one forward per level, so its depth is chosen too (at most inference.depth): a level
+    whose nodes the profile expects to be accepted too rarely is not worth its forward. Prompt lookup
     alone keeps its budget; a fused engine moves its planner to the new budget and cost."""
     if setup.mode == "lookup":
         return
     spec = setup.engine.spec
     cands = tuple(n for n in BUDGETS if n <= max_budget)
-    budget, table = choose_budget(curve, setup.accuracies, setup.depth, cands, draft_cost=draft_cost)
+    from headway.inference.drafters import MedusaDrafter  # its heads run once per step, whatever the depth
+
+    per_level = spec.kind == "dynamic" and not isinstance(_trained(setup), MedusaDrafter)
+    forward = draft_cost / spec.max_depth if per_level else 0.0  # the measured steps' depth
+    fixed = 0.0 if per_level else draft_cost
+    _, table = choose_budget(curve, setup.accuracies, setup.depth, cands, draft_cost=fixed, forward_cost=forward)
+    best = best_row(table)
+    budget, depth = best["nodes"], best["depth"]
     if spec.kind == "static":
         setup.engine.spec = TreeSpec("static", build_tree(setup.accuracies, budget, max_depth=setup.depth))
     else:
-        setup.engine.spec = TreeSpec("dynamic", depth=spec.depth, top_k=spec.top_k, budget=budget)
+        setup.engine.spec = TreeSpec("dynamic", depth=depth, top_k=spec.top_k, budget=budget)
     if setup.mode == "fused":
-        setup.engine.drafter.planner.set_budget(budget)
+        setup.engine.drafter.planner.set_budget(budget, setup.engine.spec.max_depth)
         setup.engine.drafter.planner.set_cost(curve, draft_cost)
     setup.info.update(
         {
@@ -286,6 +295,12 @@ def retune_budget(
             "budget_table": table,
             "draft_cost_s": draft_cost,
             "budget_source": setup.info["budget_source"]
-            + f" and a measured draft cost of {1000 * draft_cost:.1f} ms/step",
+            + f" and a measured draft cost of {1000 * draft_cost:.1f} ms/step"
+            + (f" ({1000 * forward:.1f} ms per tree level: depth {depth})" if per_level else ""),
         }
     )
+
+
+def _trained(setup: EngineSetup):
+    d = setup.engine.drafter
+    return d.trained if isinstance(d, FusedDrafter) else d

@@ -141,6 +141,12 @@ def test_build_eagle_dynamic_chain_and_paths(tiny_target, smol_tok, tmp_path):
     s = build_engine(cfg, None, tiny_target, smol_tok)
     assert s.method == "eagle3" and s.engine.spec.kind == "dynamic" and s.engine.spec.budget == 20
     assert s.engine.spec.depth == cfg.inference.depth
+    auto = build_engine(load_config(ROOT / "configs/smollm2-135m/eagle3.yaml", ["eagle.feature_layers=[1,2,3]"]), None, tiny_target, smol_tok, curve=FLAT)
+    assert auto.engine.spec.depth == 6  # before the drafter's cost is known: the recipe's depth
+    retune_budget(auto, FLAT, draft_cost=6.0, max_budget=64)  # each of its 6 levels costs a verification
+    assert auto.engine.spec.depth < 6 and "per tree level: depth" in auto.info["budget_source"]
+    retune_budget(auto, FLAT, draft_cost=0.0, max_budget=64)  # free drafting: the deepest, widest tree
+    assert auto.engine.spec.depth == 6 and auto.engine.spec.budget == 64
     cfg = load_config(ROOT / "configs/smollm2-135m/eagle.yaml", ["inference.tree=chain", "inference.depth=3"])
     s = build_engine(cfg, None, tiny_target, smol_tok)
     assert s.engine.spec.tree.paths == [(0,), (0, 0), (0, 0, 0)]
