@@ -10,7 +10,6 @@ return the draft logits [B, F, V'] of the token after each. Medusa ignores token
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -90,7 +89,6 @@ def grow_dynamic(
     top_k: int,
     budget: int,
     id_map: torch.Tensor | None = None,
-    min_prob: float = 0.0,
 ) -> DraftTree:
     """EAGLE-2: expand the top_k nodes of highest cumulative draft log-probability at each depth,
     each into its top_k children; after `depth` steps keep the `budget` best nodes of all candidates.
@@ -115,8 +113,6 @@ def grow_dynamic(
     for d in range(1, depth):
         if size >= budget and _settled(pool_score, front_score, budget):
             break  # no deeper node can make the kept set: skip the remaining drafter forwards
-        if min_prob > 0 and float(front_score.max()) < math.log(min_prob):
-            break  # no frontier node is likely enough to be worth another drafter forward
         logp = torch.log_softmax(expand(front_tok, front_par_exp, d).float(), -1)  # [B, k, V']
         front_exp = torch.arange(next_exp, next_exp + top_k, device=dev).expand(B, top_k)
         next_exp += top_k

@@ -218,9 +218,6 @@ class TreeSpec:
     depth: int = 6  # dynamic: expansion steps
     top_k: int = 8  # dynamic: children per expanded node, and nodes expanded per depth
     budget: int = 32  # dynamic: nodes kept after reranking
-    # dynamic: a level is expanded only while some frontier node's draft probability (its path's) is at
-    # least this: a drafter forward whose nodes would hardly ever be accepted costs more than they bring
-    min_prob: float = 0.0
 
     def __post_init__(self):
         if self.kind == "static" and self.tree is None:

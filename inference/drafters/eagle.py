@@ -101,4 +101,4 @@ class EagleTreeDrafter:
             return grow_static(
                 expand, root, spec.tree, sampling, generator, self.children, self.id_map, self.vocab_size
             )
-        return grow_dynamic(expand, root, spec.depth, spec.top_k, spec.budget, self.id_map, spec.min_prob)
+        return grow_dynamic(expand, root, spec.depth, spec.top_k, spec.budget, self.id_map)
