@@ -76,6 +76,7 @@ def accept_sampling(
     generator=None,
     kids: torch.Tensor | None = None,
     correction=residual,
+    probs=None,
 ) -> Verdict:
     """Lossless speculative sampling over a tree (SpecInfer's multi-draft rule).
 
@@ -104,15 +105,24 @@ def accept_sampling(
 
     q: [B, N, V] per node, or None for one-hot (deterministic picks). `correction` is the
     residual rule; tests swap it for a wrong one to show the chi-square test can fail.
+    `probs(rows, nodes) -> [n, V]`: the target's warped distribution at those nodes, for callers
+    that compute it only where it is read (nodes with children, and an accepted leaf); logits is
+    then None.
     """
-    B, Q, V = logits.shape
-    p_all = warp(logits, s)
+    B, Q = tokens.shape[0], tokens.shape[1] + 1
+    dev = tokens.device
+    if probs is None:
+        p_all = warp(logits, s)
+
+        def probs(r, n):
+            return p_all[r, n]
+
     kids = children_table(parents.expand(B, -1)) if kids is None else kids
-    rows = torch.arange(B, device=logits.device)
-    cur = torch.zeros(B, dtype=torch.long, device=logits.device)
-    p = p_all[:, 0]
-    active = torch.ones(B, dtype=torch.bool, device=logits.device)
-    bonus = torch.zeros(B, dtype=torch.long, device=logits.device)
+    rows = torch.arange(B, device=dev)
+    cur = torch.zeros(B, dtype=torch.long, device=dev)
+    p = probs(rows, cur)
+    active = torch.ones(B, dtype=torch.bool, device=dev)
+    bonus = torch.zeros(B, dtype=torch.long, device=dev)
     for _ in range(Q):
         moved = torch.zeros_like(active)
         for j in range(kids.shape[-1]):
@@ -128,7 +138,7 @@ def accept_sampling(
             else:
                 qrow = q[rows, node]
                 qx = qrow.gather(1, x[:, None])[:, 0]
-            u = torch.rand(B, device=logits.device, generator=generator)
+            u = torch.rand(B, device=dev, generator=generator)
             ok = trying & (u * qx < px)
             moved |= ok
             cur = torch.where(ok, c, cur)
@@ -140,5 +150,6 @@ def accept_sampling(
         active = moved
         if not active.any():
             break
-        p = torch.where(moved[:, None], p_all[rows, cur], p)
+        went = moved.nonzero()[:, 0]
+        p = p.index_copy(0, went, probs(went, cur[went]))
     return Verdict(cur, bonus)

@@ -34,7 +34,7 @@ from headway.inference.drafter import Accepted, Drafter, DraftTree
 from headway.inference.layout import TreeLayout, additive_mask
 from headway.inference.trees import TreeSpec
 from headway.kv import keep_path, select_rows
-from headway.sampling import SamplingParams, pick
+from headway.sampling import SamplingParams, pick, warp
 from headway.target import stop_token_ids
 from headway.tokens import left_pad
 
@@ -217,6 +217,28 @@ class SpecEngine:
         self.leaf_rate += LEAF_RATE_EMA * (float(leaf.float().mean()) - self.leaf_rate)
         return v
 
+    def _sampling_lazy(self, hidden, dt: DraftTree, lay: TreeLayout) -> Verdict:
+        """Lossless sampling reading the target's distribution only at nodes with children and at
+        accepted leaves (their bonus token): the lm_head and the warp (softmax, top-p sort over the
+        vocabulary) skip the other leaves."""
+        B, Q = hidden.shape[:2]
+        inner = lay.inner
+        slot = torch.full((Q,), -1, dtype=torch.long, device=hidden.device)
+        slot[inner] = torch.arange(inner.numel(), device=hidden.device)
+        p_inner = warp(self.lm_head(hidden[:, inner]), self.sampling)  # [B, I, V]
+
+        def probs(rows, nodes):
+            at = slot[nodes]
+            leaf = at < 0
+            out = p_inner[rows, at.clamp_min(0)] if inner.numel() else hidden.new_zeros(len(rows), 0)
+            if bool(leaf.any()):
+                rest = warp(self.lm_head(hidden[rows[leaf], nodes[leaf]]), self.sampling)
+                out = rest if not inner.numel() else out.index_put((leaf.nonzero()[:, 0],), rest)
+            return out
+
+        kids = lay.kids.expand(B, -1, -1)
+        return accept_sampling(None, dt.tokens, lay.parents, dt.q, self.sampling, self.generator, kids, probs=probs)
+
     @torch.inference_mode()
     def step(self, root: torch.Tensor):
         """One draft + verify + accept + compact. Returns (accepted tokens [B, L] root first,
@@ -229,8 +251,8 @@ class SpecEngine:
         ver = self._forward_tree(root, dt)
         lay = ver.layout
         t = self._tick("verify", t)  # the target's decoder; its lm_head counts under "accept"
-        if self.sampling.greedy and self.acceptance == "exact" and not self.fspec.logits:
-            v = self._greedy_lazy(ver.hidden, dt, lay)
+        if self.acceptance == "exact" and not self.fspec.logits:  # the lm_head only where it is read
+            v = (self._greedy_lazy if self.sampling.greedy else self._sampling_lazy)(ver.hidden, dt, lay)
         else:
             ver.logits = self.lm_head(ver.hidden)
             v = self._accept(ver.logits, dt, lay)
