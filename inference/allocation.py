@@ -1,8 +1,10 @@
 """How a fused tree's nodes are split between the trained drafter and prompt lookup, step by step.
 
-    planner = NodePlanner(profile, budget=12, curve=curve, draft_cost=0.02)
-    plan = planner.plan(stats, lookup_values)   # per row: (trained nodes, lookup nodes to keep)
-    stats[row].update(source, reached, accepted)  # after verification, from the accepted path
+    planner = NodePlanner(profile, budget=12, max_depth=6, lookup_depth=10, curve=curve, draft_cost=0.02)
+    stats = [planner.new_stats() for _ in rows]          # per row: {TRAINED: DepthStats, LOOKUP: DepthStats}
+    plan = planner.plan(stats, [(trie.depth, trie.origin) for trie in lookup_tries])
+    plan.trained, plan.lookup                            # the trained drafter's node count; per row, lookup nodes
+    stats[row][LOOKUP].update(reached, accepted)         # after verification, from the accepted path
 
 Every source keeps, per row and per depth d, exponentially forgetting counts of how often the
 accepted path reached a node of its at depth d - 1 where it proposed a child (`reached`) and how
