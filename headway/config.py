@@ -184,9 +184,32 @@ class TrainConfig:
 
 
 @dataclass
+class LookupConfig:
+    """Prompt lookup (inference/drafters/lookup.py): continuations of n-gram matches in the prompt and the answer so far."""
+
+    max_ngram: int = 4  # longest suffix matched (tried first)
+    min_ngram: int = 1  # shortest suffix matched
+    max_tokens: int = 10  # tokens per candidate continuation
+    num_candidates: int = 3  # distinct continuations per step, merged into a trie
+
+    def __post_init__(self):
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram {self.min_ngram}, max_ngram {self.max_ngram}")
+        for name in ("max_tokens", "num_candidates"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
 class InferenceConfig:
+    # Where draft tokens come from: the recipe's trained heads (drafter), prompt lookup alone (lookup), or
+    # the heads' tree with lookup candidates merged in, nodes split per step by what each accepts (fused).
+    drafter: Literal["drafter", "lookup", "fused"] = "drafter"
+    lookup: LookupConfig = field(default_factory=LookupConfig)
     tree: Literal["auto", "chain", "static", "dynamic"] = "auto"  # auto: static for Medusa, dynamic for EAGLE
     tree_budget: int | Literal["auto"] = "auto"  # nodes verified per step
+    # Deepest draft node. With tree_budget auto, a dynamic tree of a drafter that runs one forward per
+    # level (EAGLE, layer-skip) may get a shallower depth once that forward's cost is measured.
     depth: int = 5
     top_k: int = 8
     temperature: float = 0.0
@@ -330,7 +353,10 @@ def from_dict(cls: type, data: Any, where: str, key: str = "") -> Any:
             kwargs[name] = _coerce(hints[name], data[name], where, sub)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{where}: missing required key {sub!r}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a dataclass's own check of its values (__post_init__)
+        raise ConfigError(f"{where}: {label}: {e}") from e
 
 
 def _type_name(tp: Any) -> str:

@@ -5,7 +5,10 @@
 
 Modules, one job each:
 - `drafter`: the Protocol every head implements (observe accepted tokens + the target's features,
-  draft a tree of candidates with their q); `drafters/`: Medusa, EAGLE-1/3, any small LM, layer-skip.
+  draft a tree of candidates with their q); `drafters/`: Medusa, EAGLE-1/3, any small LM, layer-skip,
+  prompt lookup (`lookup`), and `fused`: a trained drafter's tree with lookup candidates merged in.
+- `allocation`: per step, how a fused tree's nodes are split between the two sources (online
+  per-depth acceptance, the measured verify cost).
 - `trees`: static trees as Medusa path lists, chains, the optimal tree for measured head accuracies.
 - `layout`: a tree's tensor tables (`TreeLayout` for verification, `DraftTables` for filling a
   static tree), built once per static tree and device.
@@ -16,6 +19,10 @@ Modules, one job each:
 - `engine`: prefill -> draft -> one target forward over the tree (float 4-D mask, explicit
   positions, the model's own cache) -> accept -> keep only the accepted path's KV; batches with
   ragged acceptance. Cache surgery lives in `headway.kv`, sampling in `headway.sampling`.
-- `cost`: the target's measured verify-cost curve and the node budget it implies (`tree_budget: auto`).
-- `build`: recipe + checkpoint -> engine. `questions`, `report`: Spec-Bench domains and the report.
+- `cost`: the target's measured verify-cost curve and the node budget (and, for per-level drafters,
+  the depth) it implies (`tree_budget: auto`).
+- `build`: recipe + checkpoint -> engine(s), one per drafting mode. `questions`, `report`: Spec-Bench
+  domains and the report (a row per method and domain); `evaluate`: the run behind it.
+- `head_accuracy`, `unrolled_accuracy`: measured per-depth accuracy profiles of Medusa and EAGLE heads.
+- `exactness`: the chi-square test of lossless sampling; `gpu_check`: the check scripts/gpu_check.sh runs.
 """

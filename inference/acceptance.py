@@ -36,7 +36,7 @@ def accept_greedy(pred, tokens, parents, anc, depth) -> Verdict:
     pred [B, Q]: the target's argmax at each node; only parents' entries are read, so the engine
     may leave leaves at -1 and compute the bonus of an accepted leaf afterwards."""
     match = tokens == pred.gather(1, parents.expand_as(tokens))
-    ok = torch.cat([torch.ones_like(match[:, :1]), match], 1)
+    ok = torch.cat([match.new_ones(match.shape[0], 1), match], 1)  # the root; a tree may have no nodes
     best = _deepest(_path_accepted(ok, anc), depth.expand_as(ok))
     return Verdict(best, pred.gather(1, best[:, None])[:, 0])
 
@@ -53,7 +53,7 @@ def accept_typical(
     limit = torch.minimum(torch.full_like(ent, threshold), alpha * torch.exp(-ent))
     par = parents.expand_as(tokens)
     p_tok = p.gather(1, par[..., None].expand(-1, -1, p.shape[-1])).gather(2, tokens[..., None])[..., 0]
-    ok = torch.cat([torch.ones_like(tokens[:, :1], dtype=torch.bool), p_tok > limit.gather(1, par)], 1)
+    ok = torch.cat([tokens.new_ones(tokens.shape[0], 1, dtype=torch.bool), p_tok > limit.gather(1, par)], 1)
     best = _deepest(_path_accepted(ok, anc), depth.expand_as(ok))
     bonus = pick(logits.gather(1, best[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0], s, generator)
     return Verdict(best, bonus)
@@ -76,6 +76,7 @@ def accept_sampling(
     generator=None,
     kids: torch.Tensor | None = None,
     correction=residual,
+    probs=None,
 ) -> Verdict:
     """Lossless speculative sampling over a tree (SpecInfer's multi-draft rule).
 
@@ -104,15 +105,24 @@ def accept_sampling(
 
     q: [B, N, V] per node, or None for one-hot (deterministic picks). `correction` is the
     residual rule; tests swap it for a wrong one to show the chi-square test can fail.
+    `probs(rows, nodes) -> [n, V]`: the target's warped distribution at those nodes, for callers
+    that compute it only where it is read (nodes with children, and an accepted leaf); logits is
+    then None.
     """
-    B, Q, V = logits.shape
-    p_all = warp(logits, s)
+    B, Q = tokens.shape[0], tokens.shape[1] + 1
+    dev = tokens.device
+    if probs is None:
+        p_all = warp(logits, s)
+
+        def probs(r, n):
+            return p_all[r, n]
+
     kids = children_table(parents.expand(B, -1)) if kids is None else kids
-    rows = torch.arange(B, device=logits.device)
-    cur = torch.zeros(B, dtype=torch.long, device=logits.device)
-    p = p_all[:, 0]
-    active = torch.ones(B, dtype=torch.bool, device=logits.device)
-    bonus = torch.zeros(B, dtype=torch.long, device=logits.device)
+    rows = torch.arange(B, device=dev)
+    cur = torch.zeros(B, dtype=torch.long, device=dev)
+    p = probs(rows, cur)
+    active = torch.ones(B, dtype=torch.bool, device=dev)
+    bonus = torch.zeros(B, dtype=torch.long, device=dev)
     for _ in range(Q):
         moved = torch.zeros_like(active)
         for j in range(kids.shape[-1]):
@@ -128,7 +138,7 @@ def accept_sampling(
             else:
                 qrow = q[rows, node]
                 qx = qrow.gather(1, x[:, None])[:, 0]
-            u = torch.rand(B, device=logits.device, generator=generator)
+            u = torch.rand(B, device=dev, generator=generator)
             ok = trying & (u * qx < px)
             moved |= ok
             cur = torch.where(ok, c, cur)
@@ -140,5 +150,6 @@ def accept_sampling(
         active = moved
         if not active.any():
             break
-        p = torch.where(moved[:, None], p_all[rows, cur], p)
+        went = moved.nonzero()[:, 0]
+        p = p.index_copy(0, went, probs(went, cur[went]))
     return Verdict(cur, bonus)

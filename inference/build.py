@@ -3,9 +3,13 @@
     target, tok = load_target(cfg.target)
     setup = build_engine(cfg, "runs/smollm2-135m/medusa", target, tok)   # None: untrained heads
     out = setup.engine.generate([ids], max_new_tokens=128)
+    setups = build_engines(cfg, ckpt, target, tok, modes=("drafter", "lookup", "fused"))  # one drafter load
 
-The method comes from the recipe (`medusa:` or `eagle:` section); `layer_skip=N` uses the target's
-first N layers as the drafter instead (self-speculation, no checkpoint).
+The trained drafter comes from the recipe (`medusa:` or `eagle:` section); `layer_skip=N` uses the
+target's first N layers instead (self-speculation, no checkpoint). `inference.drafter` picks where
+draft tokens come from: that drafter alone, prompt lookup alone (`inference.lookup`; no heads
+needed), or both fused into one tree. Engines built together share the trained drafter object:
+each generate() resets it, and engines never run interleaved.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headway.config import Config
-from headway.inference.cost import choose_budget, measure_verify_cost
+from headway.inference.allocation import NodePlanner
+from headway.inference.cost import best_row, choose_budget, measure_verify_cost
+from headway.inference.drafters.fused import FusedDrafter
+from headway.inference.drafters.lookup import LookupDrafter
 from headway.inference.engine import SpecEngine
 from headway.inference.trees import (
     DEFAULT_ACCURACIES,
@@ -36,7 +43,15 @@ class EngineSetup:
     method: str
     info: dict = field(default_factory=dict)  # tree, budget, its source, cost curve, ... for the report
     accuracies: list[list[float]] | None = None  # what tree_budget: auto and static trees were built from
-    depth: int = 0
+    depth: int = 0  # the trained drafter's depth
+    mode: str = "drafter"  # inference.drafter: drafter | lookup | fused
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest draft node this engine's trees can hold (lookup chains may reach past the drafter's)."""
+        d = self.engine.drafter
+        lk = d if isinstance(d, LookupDrafter) else getattr(d, "lookup", None)
+        return max(self.engine.spec.max_depth, lk.max_tokens if lk is not None else 0)
 
 
 def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | None = None):
@@ -90,15 +105,26 @@ def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | 
     )
 
 
-def build_engine(
-    cfg: Config,
-    checkpoint: str | None,
-    target,
-    tokenizer,
-    layer_skip: int | None = None,
-    curve: dict[int, float] | None = None,
-    log=print,
-) -> EngineSetup:
+MODES = ("drafter", "lookup", "fused")
+BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 127)  # tree_budget: auto chooses among these
+
+
+def _engine(cfg: Config, target, tokenizer, drafter, spec: TreeSpec) -> SpecEngine:
+    inf = cfg.inference
+    return SpecEngine(
+        target,
+        drafter,
+        spec,
+        SamplingParams(inf.temperature, inf.top_p, inf.sample_top_k),
+        acceptance=inf.acceptance,
+        eos_ids=stop_token_ids(target, tokenizer),  # stop where `generate` stops
+        pad_id=tokenizer.pad_token_id or 0,
+        typical_threshold=inf.typical_threshold,
+        typical_alpha=inf.typical_alpha,
+    )
+
+
+def _trained_setup(cfg: Config, checkpoint, target, tokenizer, layer_skip, curve, log) -> EngineSetup:
     inf = cfg.inference
     drafter, target, method, head_depth, notes = load_drafter(cfg, checkpoint, target, layer_skip)
     kind = inf.tree if inf.tree != "auto" else ("static" if method == "medusa" else "dynamic")
@@ -126,9 +152,7 @@ def build_engine(
             if curve is None:
                 log("measuring the verify cost curve (tree_budget: auto)")
                 curve = measure_verify_cost(target)
-            cands = tuple(
-                n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 127) if n <= inf.max_budget
-            )
+            cands = tuple(n for n in BUDGETS if n <= inf.max_budget)
             budget, table = choose_budget(curve, accuracies, max_depth=depth, candidates=cands)
             source = f"auto: best expected tau per cost from {acc_source}"
             info["budget_table"] = table
@@ -140,34 +164,130 @@ def build_engine(
             spec = TreeSpec("dynamic", depth=depth, top_k=inf.top_k, budget=budget)
     if curve is not None:
         info["verify_cost"] = {str(k): v for k, v in curve.items()}
-    sampling = SamplingParams(inf.temperature, inf.top_p, inf.sample_top_k)
-    engine = SpecEngine(
-        target,
-        drafter,
-        spec,
-        sampling,
-        acceptance=inf.acceptance,
-        eos_ids=stop_token_ids(target, tokenizer),  # stop where `generate` stops
-        pad_id=tokenizer.pad_token_id or 0,
-        typical_threshold=inf.typical_threshold,
-        typical_alpha=inf.typical_alpha,
-    )
     info.update({"tree": spec.describe(), "budget": budget, "budget_source": source})
-    return EngineSetup(engine, target, method, info, accuracies, depth)
+    engine = _engine(cfg, target, tokenizer, drafter, spec)
+    return EngineSetup(engine, target, method, info, accuracies, depth, "drafter")
+
+
+def lookup_drafter(cfg: Config) -> LookupDrafter:
+    lk = cfg.inference.lookup
+    return LookupDrafter(lk.max_ngram, lk.min_ngram, lk.max_tokens, lk.num_candidates)
+
+
+def lookup_setup(cfg: Config, target, tokenizer) -> EngineSetup:
+    """Prompt lookup alone: every candidate found (or `tree_budget` nodes), no trained heads."""
+    inf, drafter = cfg.inference, lookup_drafter(cfg)
+    budget = drafter.max_nodes if inf.tree_budget == "auto" else int(inf.tree_budget)
+    spec = TreeSpec("dynamic", depth=drafter.max_tokens, top_k=drafter.num_candidates, budget=budget)
+    info = {
+        "accuracies": "none (prompt lookup)",
+        "notes": [],
+        "tree": {"kind": "lookup", "nodes": budget, "depth": drafter.max_tokens, "candidates": drafter.num_candidates},
+        "budget": budget,
+        "budget_source": "every lookup candidate" if inf.tree_budget == "auto" else "inference.tree_budget",
+    }
+    return EngineSetup(_engine(cfg, target, tokenizer, drafter, spec), target, "lookup", info, None, 0, "lookup")
+
+
+def fused_setup(base: EngineSetup, cfg: Config, tokenizer, curve: dict[int, float] | None) -> EngineSetup:
+    """The trained drafter of `base` with lookup candidates merged into its trees (its spec, its budget)."""
+    inf, spec = cfg.inference, base.engine.spec
+    lookup = lookup_drafter(cfg)
+    resize = spec.kind == "dynamic" or base.info["budget_source"].startswith(("auto", "inference.tree_budget"))
+    planner = NodePlanner(
+        base.accuracies,
+        base.info["budget"],
+        base.depth,
+        lookup.max_tokens,
+        curve=curve,
+        max_budget=inf.max_budget,
+        resize_trained=resize,
+    )
+    drafter = FusedDrafter(base.engine.drafter, lookup, planner, base.accuracies)
+    info = {
+        **base.info,
+        "notes": list(base.info["notes"]),
+        "budget_source": base.info["budget_source"]
+        + ("; per step, nodes split with lookup by what each accepts" + ("" if curve is None else ", more where they pay for their verification")),
+    }
+    engine = _engine(cfg, base.target, tokenizer, drafter, spec)
+    return EngineSetup(engine, base.target, f"{base.method}+lookup", info, base.accuracies, base.depth, "fused")
+
+
+def build_engines(
+    cfg: Config,
+    checkpoint: str | None,
+    target,
+    tokenizer,
+    modes: tuple[str, ...] = MODES,
+    layer_skip: int | None = None,
+    curve: dict[int, float] | None = None,
+    log=print,
+) -> dict[str, EngineSetup]:
+    """One engine per mode, the trained drafter loaded once (not at all for lookup alone)."""
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"unknown drafting mode {bad[0]!r}: choose from {', '.join(MODES)}")
+    out: dict[str, EngineSetup] = {}
+    if "drafter" in modes or "fused" in modes:
+        base = _trained_setup(cfg, checkpoint, target, tokenizer, layer_skip, curve, log)
+        target = base.target  # Medusa-2: the adapted target verifies every mode alike
+        curve = curve if curve is not None else _curve(base)
+        if "drafter" in modes:
+            out["drafter"] = base
+        if "fused" in modes:
+            out["fused"] = fused_setup(base, cfg, tokenizer, curve)
+    if "lookup" in modes:
+        out["lookup"] = lookup_setup(cfg, target, tokenizer)
+    return {m: out[m] for m in modes}
+
+
+def _curve(setup: EngineSetup) -> dict[int, float] | None:
+    vc = setup.info.get("verify_cost")
+    return {int(k): v for k, v in vc.items()} if vc else None
+
+
+def build_engine(
+    cfg: Config,
+    checkpoint: str | None,
+    target,
+    tokenizer,
+    layer_skip: int | None = None,
+    curve: dict[int, float] | None = None,
+    log=print,
+) -> EngineSetup:
+    """The engine of the recipe's `inference.drafter` mode."""
+    mode = cfg.inference.drafter
+    return build_engines(cfg, checkpoint, target, tokenizer, (mode,), layer_skip, curve, log)[mode]
 
 
 def retune_budget(
     setup: EngineSetup, curve: dict[int, float], draft_cost: float, max_budget: int = 127
 ) -> None:
     """Re-choose an auto budget now that the drafter's own cost per step is measured: a drafter that
-    costs a constant per step makes verifying a few more nodes relatively cheaper."""
+    costs a constant per step makes verifying a few more nodes relatively cheaper. A dynamic tree's
+    drafter runs one forward per level, so its depth is chosen too (at most inference.depth): a level
+    whose nodes the profile expects to be accepted too rarely is not worth its forward. Prompt lookup
+    alone keeps its budget; a fused engine moves its planner to the new budget and cost."""
+    if setup.mode == "lookup":
+        return
     spec = setup.engine.spec
-    cands = tuple(n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 127) if n <= max_budget)
-    budget, table = choose_budget(curve, setup.accuracies, setup.depth, cands, draft_cost=draft_cost)
+    cands = tuple(n for n in BUDGETS if n <= max_budget)
+    from headway.inference.drafters import MedusaDrafter  # its heads run once per step, whatever the depth
+
+    per_level = spec.kind == "dynamic" and not isinstance(_trained(setup), MedusaDrafter)
+    forward = draft_cost / spec.max_depth if per_level else 0.0  # the measured steps' depth
+    fixed = 0.0 if per_level else draft_cost
+    _, table = choose_budget(curve, setup.accuracies, setup.depth, cands, draft_cost=fixed, forward_cost=forward)
+    best = best_row(table)
+    budget, depth = best["nodes"], best["depth"]
     if spec.kind == "static":
         setup.engine.spec = TreeSpec("static", build_tree(setup.accuracies, budget, max_depth=setup.depth))
     else:
-        setup.engine.spec = TreeSpec("dynamic", depth=spec.depth, top_k=spec.top_k, budget=budget)
+        setup.engine.spec = TreeSpec("dynamic", depth=depth, top_k=spec.top_k, budget=budget)
+    if setup.mode == "fused":
+        setup.engine.drafter.planner.set_budget(budget, setup.engine.spec.max_depth)
+        setup.engine.drafter.planner.set_cost(curve, draft_cost)
     setup.info.update(
         {
             "tree": setup.engine.spec.describe(),
@@ -175,6 +295,12 @@ def retune_budget(
             "budget_table": table,
             "draft_cost_s": draft_cost,
             "budget_source": setup.info["budget_source"]
-            + f" and a measured draft cost of {1000 * draft_cost:.1f} ms/step",
+            + f" and a measured draft cost of {1000 * draft_cost:.1f} ms/step"
+            + (f" ({1000 * forward:.1f} ms per tree level: depth {depth})" if per_level else ""),
         }
     )
+
+
+def _trained(setup: EngineSetup):
+    d = setup.engine.drafter
+    return d.trained if isinstance(d, FusedDrafter) else d

@@ -2,6 +2,7 @@
 
     curve = measure_verify_cost(model)              # {new tokens: seconds per forward}
     budget, table = choose_budget(curve, accuracies) # maximises expected tau / cost(budget + 1)
+    budget, table = choose_budget(curve, accuracies, 6, draft_cost=0.004, forward_cost=0.003)  # depth too
 
 On this CPU (SmolLM2-135M, bf16) a forward over 16 new tokens costs ~1.6x one token and 64 tokens
 ~3.3x; on an H100 the curve is far flatter, so the best tree is far larger there.
@@ -81,14 +82,25 @@ def choose_budget(
     max_depth: int | None = None,
     candidates: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 127),
     draft_cost: float = 0.0,
+    forward_cost: float = 0.0,
 ) -> tuple[int, list[dict]]:
     """The node budget maximising expected tokens per second: tau(best tree of n nodes) /
-    (cost of verifying n + 1 tokens + draft_cost). Returns (budget, the table of candidates)."""
+    (cost of verifying n + 1 tokens + draft_cost). Returns (budget, the table of candidates).
+
+    forward_cost > 0: the drafter runs one forward per tree level (EAGLE, a small LM), each costing
+    that much on top of draft_cost, so shallower trees are candidates too; each table row names its
+    depth, and `best_row(table)` is the choice."""
+    depths = [max_depth] if forward_cost <= 0 or max_depth is None else list(range(1, max_depth + 1))
     table = []
     for n in candidates:
-        tree = build_tree(accuracies, n, max_depth=max_depth)
-        tau = expected_tau(tree, accuracies)
-        cost = cost_at(curve, n + 1) + draft_cost
-        table.append({"nodes": n, "tau": round(tau, 4), "cost_s": cost, "tokens_per_s": tau / cost})
-    best = max(table, key=lambda r: r["tokens_per_s"])
-    return best["nodes"], table
+        for d in depths:
+            tree = build_tree(accuracies, n, max_depth=d)
+            tau = expected_tau(tree, accuracies)
+            cost = cost_at(curve, n + 1) + draft_cost + (d or 0) * forward_cost
+            table.append({"nodes": n, "depth": d, "tau": round(tau, 4), "cost_s": cost, "tokens_per_s": tau / cost})
+    return best_row(table)["nodes"], table
+
+
+def best_row(table: list[dict]) -> dict:
+    """The candidate with the most expected tokens per second (the smallest tree among equals)."""
+    return max(table, key=lambda r: r["tokens_per_s"])

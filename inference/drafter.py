@@ -8,6 +8,9 @@ The engine never asks which head it holds. Per sequence of calls:
     drafter.observe(Accepted(...))          # root + accepted draft tokens, with their features
     drafter.select_rows(keep)               # finished rows leave the batch
 
+A drafter wrapped by another (a fused drafter) may be skipped for a step: it then observes twice
+in a row and must draft from both observations (`join_observed`).
+
 Features follow the drafter's `FeatureSpec` (headway/features.py): `feats.layers[i]`, `feats.final_normed`
 hold the target's states at exactly the observed tokens. Medusa reads the final-normed state of
 the last observed token; EAGLE pairs every observed feature with the token after it (the last one
@@ -68,3 +71,14 @@ class Drafter(Protocol):
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only these batch rows (indices into the current batch)."""
         ...
+
+
+def join_observed(first: tuple[torch.Tensor, ...], second: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Two observations with no draft in between as one: tensors [B, A, ...] whose element 1 is the
+    valid mask; per row the valid entries of `first` then of `second`, right-aligned as in `Accepted`."""
+    joined = [torch.cat([a, b], 1) for a, b in zip(first, second, strict=True)]
+    valid = joined[1]
+    order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)  # padding first, order kept
+    width = max(1, int(valid.sum(1).max()))
+    order = order[:, order.shape[1] - width :]
+    return tuple(t.gather(1, order.view(*order.shape, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:])) for t in joined)

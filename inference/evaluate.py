@@ -1,16 +1,21 @@
-"""Per-domain report: plain decoding vs speculative decoding vs HF prompt lookup, prompt by prompt.
+"""Per-domain report: plain decoding vs the engine's drafting modes vs HF prompt lookup, prompt by prompt.
 
     python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --checkpoint runs/smollm2-135m/medusa
     python scripts/evaluate.py --config configs/smollm2-135m/eagle3.yaml --checkpoint DIR --per-domain 10 \\
         --max-new-tokens 128 --out runs/eval/eagle3
     python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --per-domain 2 --max-new-tokens 32  # smoke: untrained heads
     python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --layer-skip 8   # self-speculation baseline
+    python scripts/evaluate.py --config configs/smollm2-135m/eagle3.yaml --checkpoint DIR --modes fused
 
-Questions default to Spec-Bench (six domains); `--questions FILE` takes any JSONL in its format.
-For every prompt (and every turn of a multi-turn one, each method continuing its own answers) the
-three methods run back to back in one process, in an order that rotates per prompt, so machine
-drift hits all three alike. Writes report.json / report.md / report.png to --out and prints the
-table. Extra `section.key=value` arguments override the recipe (e.g. inference.tree_budget=32).
+Methods: plain decoding (transformers generate), the engine in each drafting mode of `--modes`
+(default: the trained drafter alone, our prompt lookup alone, both fused into one tree; lookup only
+when the recipe has no heads), and HF prompt lookup. The recipe's `inference.drafter` mode is the
+headline (the report's flat keys and title). Questions default to Spec-Bench (six domains);
+`--questions FILE` takes any JSONL in its format. For every prompt (and every turn of a multi-turn
+one, each method continuing its own answers) the methods run back to back in one process, in an
+order that rotates per prompt, so machine drift hits all alike. Writes report.json / report.md /
+report.png to --out and prints the tables. Extra `section.key=value` arguments override the recipe
+(e.g. inference.tree_budget=32).
 """
 
 from __future__ import annotations
@@ -27,13 +32,23 @@ from headway.bench import timed
 from headway.cli import run_main
 from headway.config import load_config
 from headway.data.chat import first_turn_ids, next_turn_ids
-from headway.inference.build import build_engine, retune_budget
+from headway.inference.build import MODES, EngineSetup, build_engines, retune_budget
 from headway.inference.cost import measure_verify_cost
 from headway.inference.questions import load_questions, skip_long_questions
-from headway.inference.report import PromptResult, build_report, table, write_report
+from headway.inference.report import (
+    PLAIN,
+    MethodRun,
+    PromptResult,
+    build_report,
+    phase_table,
+    table,
+    write_report,
+)
 from headway.paths import resolve_path
 from headway.target import context_length, load_target
 from headway.tokens import cut_at_eos
+
+PLD = "hf-prompt-lookup"  # transformers' own prompt lookup decoding, the external baseline
 
 
 class ForwardCounter:
@@ -59,8 +74,14 @@ def turn_ids(tok, messages: list[dict], prev_ids: list[int] | None, ended: bool)
 
 
 class Runner:
-    def __init__(self, setup, tok, cfg, eos: list[int], context: int):
-        self.engine, self.model, self.tok, self.cfg, self.eos = setup.engine, setup.target, tok, cfg, eos
+    """Answers each question with every method back to back, each continuing its own conversation."""
+
+    def __init__(self, setups: dict[str, EngineSetup], tok, cfg, eos: list[int], context: int):
+        first = next(iter(setups.values()))
+        self.model = first.target  # every engine verifies with the same target (Medusa-2: the adapted one)
+        self.engines = {s.method: s.engine for s in setups.values()}
+        self.methods = [PLAIN, *self.engines, PLD]
+        self.tok, self.cfg, self.eos = tok, cfg, eos
         self.context = context  # prompt + answer of every turn must fit the target's positions
         self.device = next(self.model.parameters()).device
         self.counter = ForwardCounter(self.model)
@@ -92,18 +113,33 @@ class Runner:
         # generate pads finished rows with pad (= eos here): cut after the first eos
         return cut_at_eos(out[0, len(ids) :].tolist(), self.eos), m.seconds, self.counter.n
 
-    def spec(self, ids: list[int], max_new: int, seed: int):
+    def spec(self, name: str, ids: list[int], max_new: int, seed: int):
         with timed(self.device) as m:
-            out = self.engine.generate([ids], max_new, seed=seed)
+            out = self.engines[name].generate([ids], max_new, seed=seed)
         return out.tokens[0], m.seconds, out
+
+    def answer(self, method: str, ids: list[int], max_new: int, seed: int, run: MethodRun) -> list[int]:
+        """One turn by one method; its measurements go into `run`."""
+        if method in self.engines:
+            toks, dt, out = self.spec(method, ids, max_new, seed)
+            run.accepted += out.accepted[0]
+            run.forwards += out.verify_forwards[0] + 1
+            for k, v in out.timings.items():
+                run.timings[k] = run.timings.get(k, 0.0) + v
+        else:
+            toks, dt, run_forwards = self.hf(ids, max_new, pld=(method == PLD), seed=seed)
+            run.forwards += run_forwards
+        run.add(len(toks), dt)
+        return toks
 
     def run_question(self, q, index: int, max_new: int, seed: int) -> PromptResult:
         res = PromptResult(q.question_id, q.domain, q.category, len(q.turns))
         greedy = self.cfg.inference.temperature == 0
-        identical = True
-        state = {m: {"messages": [], "ids": None, "ended": False} for m in ("ar", "spec", "pld")}
-        order = ["ar", "spec", "pld"]
-        order = order[index % 3 :] + order[: index % 3]
+        res.runs = {m: MethodRun(accepted=[] if m in self.engines else None) for m in self.methods}
+        identical = dict.fromkeys(self.methods[1:], True)
+        state = {m: {"messages": [], "ids": None, "ended": False} for m in self.methods}
+        k = index % len(self.methods)  # rotate the order per prompt: drift hits every method alike
+        order = self.methods[k:] + self.methods[:k]
         for turn, text in enumerate(q.turns):
             prompts = {}
             for m in order:
@@ -116,26 +152,15 @@ class Runner:
             outs = {}
             for m in order:
                 st, prompt = state[m], prompts[m]
-                if m == "spec":
-                    toks, dt, out = self.spec(prompt, max_new, seed + turn)
-                    res.spec_tokens += len(toks)
-                    res.spec_time += dt
-                    res.accepted += out.accepted[0]
-                    for k, v in out.timings.items():
-                        res.timings[k] = res.timings.get(k, 0.0) + v
-                else:
-                    toks, dt, fwd = self.hf(prompt, max_new, pld=(m == "pld"), seed=seed + turn)
-                    setattr(res, f"{m}_tokens", getattr(res, f"{m}_tokens") + len(toks))
-                    setattr(res, f"{m}_time", getattr(res, f"{m}_time") + dt)
-                    if m == "pld":
-                        res.pld_forwards += fwd
-                outs[m] = toks
+                toks = outs[m] = self.answer(m, prompt, max_new, seed + turn, res.runs[m])
                 st["ended"] = bool(toks) and toks[-1] in self.eos
                 st["ids"] = prompt + toks
                 answer = self.tok.decode(toks[:-1] if st["ended"] else toks, skip_special_tokens=False)
                 st["messages"].append({"role": "assistant", "content": answer})
-            identical &= outs["spec"] == outs["ar"]
-        res.identical = identical if greedy else None
+            for m in identical:
+                identical[m] &= outs[m] == outs[PLAIN]
+        for m, same in identical.items():
+            res.runs[m].identical = same if greedy else None
         return res
 
 
@@ -154,6 +179,17 @@ def check_settings(ev, inf, args) -> str | None:
     return None
 
 
+def modes(cfg, args) -> tuple[str, ...]:
+    """The drafting modes to measure: --modes, else every one the recipe allows; the headline always."""
+    if args.modes:
+        wanted = [m.strip() for m in args.modes.split(",") if m.strip()]
+    elif cfg.medusa is not None or cfg.eagle is not None or args.layer_skip:
+        wanted = list(MODES)
+    else:
+        wanted = ["lookup"]
+    return tuple(dict.fromkeys([cfg.inference.drafter, *wanted]))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="recipe YAML (configs/<model>/<method>.yaml)")
@@ -166,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, help="0: greedy (default: inference.temperature)")
     p.add_argument("--out", help="output folder (default: eval.output_dir or CHECKPOINT/eval)")
     p.add_argument("--layer-skip", type=int, help="draft with the target's first N layers instead of heads")
+    p.add_argument(
+        "--modes",
+        help=f"comma-separated drafting modes to measure, of {', '.join(MODES)} (default: all; lookup without heads)",
+    )
     p.add_argument(
         "--profile", action="store_true", help="synchronise CUDA between engine phases (exact ms per phase)"
     )
@@ -207,39 +247,42 @@ def main(argv: list[str] | None = None) -> int:
     curve = measure_verify_cost(target)
     base = curve[min(curve)]
     print("verify cost (k new tokens / one): " + ", ".join(f"{k}: {v / base:.2f}x" for k, v in curve.items()))
-    setup = build_engine(cfg, args.checkpoint, target, tok, layer_skip=args.layer_skip, curve=curve)
-    eos = sorted(setup.engine.eos_ids)  # build_engine's: the tokenizer's and the generation config's
-    setup.engine.profile = args.profile
-    print(
-        f"method {setup.method}; tree {setup.info['tree']['kind']} with {setup.info['budget']} nodes ({setup.info['budget_source']})"
-    )
-    for note in setup.info["notes"]:
-        print("note:", note)
+    setups = build_engines(cfg, args.checkpoint, target, tok, modes(cfg, args), layer_skip=args.layer_skip, curve=curve)
+    headline = setups[inf.drafter]
+    eos = sorted(headline.engine.eos_ids)  # build_engine's: the tokenizer's and the generation config's
+    for s in setups.values():
+        s.engine.profile = args.profile
+        print(f"{s.mode}: {s.method}; tree {s.info['tree']['kind']} with {s.info['budget']} nodes ({s.info['budget_source']})")
+        for note in s.info["notes"]:
+            print("note:", note)
 
-    runner = Runner(setup, tok, cfg, eos, context)
+    runner = Runner(setups, tok, cfg, eos, context)
     warm = first_turn_ids(tok, "Say hello.")
     runner.hf(warm, 8, pld=False, seed=0)
     runner.hf(warm, 8, pld=True, seed=0)
-    runner.spec(warm, 8, seed=0)
-    if inf.tree_budget == "auto" and setup.info["budget_source"].startswith("auto"):
+    for s in setups.values():
+        runner.spec(s.method, warm, 8, seed=0)
+    tuned = [s for s in setups.values() if s.mode != "lookup" and s.info["budget_source"].startswith("auto")]
+    tuned.sort(key=lambda s: s.mode != "drafter")
+    if tuned:  # the trained drafter's cost per step, measured alone (a fused engine sometimes skips it)
         calib = first_turn_ids(tok, "Explain in a few sentences why the sky is blue.")
-        out = runner.spec(calib, 48, seed=0)[2]
-        steps = max(1, sum(map(len, out.accepted)))
-        retune_budget(setup, curve, out.timings.get("draft", 0.0) / steps, inf.max_budget)
-        print(f"budget retuned to {setup.info['budget']} nodes ({setup.info['budget_source']})")
+        out = runner.spec(tuned[0].method, calib, 48, seed=0)[2]
+        draft_cost = out.timings.get("draft", 0.0) / max(1, sum(map(len, out.accepted)))
+        for s in tuned:
+            retune_budget(s, curve, draft_cost, inf.max_budget)
+            print(f"{s.mode}: budget retuned to {s.info['budget']} nodes ({s.info['budget_source']})")
 
     results = []
     bar = tqdm(questions, desc="evaluate", unit="prompt")
     for i, q in enumerate(bar):
         results.append(runner.run_question(q, i, ev.max_new_tokens, ev.seed))
-        r = results[-1]
-        bar.set_postfix(
-            domain=q.domain,
-            speedup=f"{(r.spec_tokens / r.spec_time) / max(1e-9, r.ar_tokens / r.ar_time):.2f}x",
-        )
+        runs = results[-1].runs
+        plain, head = runs[PLAIN], runs[headline.method]
+        bar.set_postfix(domain=q.domain, speedup=f"{(head.tokens / head.time) / max(1e-9, plain.tokens / plain.time):.2f}x")
 
     import transformers
 
+    setup = headline
     meta = {
         "method": setup.method,
         "checkpoint": args.checkpoint,
@@ -262,14 +305,20 @@ def main(argv: list[str] | None = None) -> int:
         "pld_num_tokens": ev.pld_num_tokens,
         "plain_baseline": "transformers generate (same target, same process)",
         "notes": setup.info["notes"],
+        "engines": {
+            s.method: {k: s.info.get(k) for k in ("tree", "budget", "budget_source", "accuracies", "notes")} | {"mode": s.mode}
+            for s in setups.values()
+        },
         "phase_times_synchronised": args.profile or device.type != "cuda",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    report = build_report(results, setup.engine.spec.max_depth, meta, skipped=too_long)
+    depth = max(s.max_depth for s in setups.values())
+    report = build_report(results, depth, meta, skipped=too_long, headline=headline.method, pld=PLD)
     write_report(report, out_dir)
     print(table(report))
-    print(f"engine ms per verification step: {report['overall']['ms_per_step']}")
+    print("engine ms per verification step:")
+    print(phase_table(report))
     print(f"written to {out_dir}/report.json, report.md, report.png")
     return 0
 

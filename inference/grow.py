@@ -95,7 +95,8 @@ def grow_dynamic(
 
     Children are picked deterministically (top-k), so q is one-hot and needs no storing. A child's
     score never exceeds its parent's, and ties keep the earlier (parent) first, so the kept set
-    always contains every kept node's parent.
+    always contains every kept node's parent. For the same reason growth stops early, with the
+    same tree, once no frontier node scores above the budget-th best node so far in any row.
     """
     B, dev = root.shape[0], root.device
     logp = torch.log_softmax(
@@ -110,6 +111,8 @@ def grow_dynamic(
     front_par_exp = torch.zeros(B, top_k, dtype=torch.long, device=dev)  # their parents' expanded ids
     next_exp, size = 1, top_k
     for d in range(1, depth):
+        if size >= budget and _settled(pool_score, front_score, budget):
+            break  # no deeper node can make the kept set: skip the remaining drafter forwards
         logp = torch.log_softmax(expand(front_tok, front_par_exp, d).float(), -1)  # [B, k, V']
         front_exp = torch.arange(next_exp, next_exp + top_k, device=dev).expand(B, top_k)
         next_exp += top_k
@@ -132,3 +135,10 @@ def grow_dynamic(
     node_of.scatter_(1, keep + 1, torch.arange(1, n + 1, device=dev).expand(B, n))
     parents = node_of.gather(1, parent.gather(1, keep) + 1)
     return DraftTree(tok.gather(1, keep), parents)
+
+
+def _settled(pool_score: list[torch.Tensor], front_score: torch.Tensor, budget: int) -> bool:
+    """Whether every row's kept set is final: its budget-th best score so far is at least the best
+    frontier score (children score no higher, and a later node loses ties)."""
+    kth = torch.cat(pool_score, 1).topk(budget, dim=-1).values[:, -1]
+    return bool((front_score.max(-1).values <= kth).all())

@@ -1,16 +1,23 @@
-"""Per-domain evaluation report: tau, alpha per depth, accepted-length histogram, measured speedups.
+"""Per-domain evaluation report: every method measured in the same run, row by row, against plain decoding.
 
-Definitions (what `report.json` holds per domain and `overall`):
-- tau: mean tokens emitted per verification forward, the bonus token included (1 + mean accepted).
-  The prefill's first token is not counted, nor its forward.
-- alpha[d-1]: P(the depth-d draft token is accepted | depth d-1 was), over verifications.
+A method is anything that answered the prompts: plain decoding (the baseline, `PLAIN`), the engine
+in each drafting mode (the trained drafter alone, prompt lookup alone, both fused), HF prompt
+lookup, or rows another tool adds (`PromptResult.runs[name]`, any name). Definitions (what
+`report.json` holds per domain and `overall`, under `methods[name]`):
+- tau: mean tokens emitted per target forward, the bonus token included. Engine methods: 1 + mean
+  accepted draft tokens per verification; methods that only count forwards (HF prompt lookup):
+  (tokens - turns) / (forwards - turns), prefills excluded either way.
+- alpha[d-1] (engine methods): P(the depth-d draft token is accepted | depth d-1 was), over verifications.
 - accept_hist[k]: number of verifications that accepted exactly k draft tokens.
-- *_tokens_per_s: tokens summed over prompts / seconds summed over prompts; speedup and
-  pld_speedup are spec (or prompt-lookup) tokens/s over plain tokens/s. In bf16 the methods may emit
-  answers of different lengths, so a ratio of total times would mislead.
-- identical_to_ar: prompts (all turns) whose output equals plain decoding token for token.
+- tokens_per_s: tokens summed over prompts / seconds summed over prompts; speedup: that over plain's.
+  In bf16 the methods may emit answers of different lengths, so a ratio of total times would mislead.
+- identical_to_plain: prompts (all turns) whose output equals plain decoding token for token.
+- ms_per_step: engine time per verification step by phase (draft; verify = the target's decoder;
+  accept = its lm_head at tree nodes + the rule; compact; observe; bookkeeping).
 - skipped_prompts: questions not run because first turn + max_new_tokens exceeds the target's context;
   dropped_turns: later turns not run for the same reason (the earlier turns count).
+The per-domain top level also keeps the headline method's numbers under the earlier key names
+(tau, alpha, speedup, spec_tokens_per_s, pld_speedup, identical_to_ar, ...), which model cards read.
 """
 
 from __future__ import annotations
@@ -19,6 +26,25 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+PLAIN = "plain"
+PHASES = ("draft", "verify", "accept", "compact", "observe", "bookkeeping")
+
+
+@dataclass
+class MethodRun:
+    """One method's answers to one prompt (all its turns)."""
+
+    tokens: int = 0
+    time: float = 0.0
+    accepted: list[int] | None = None  # engine: draft tokens accepted per verification
+    forwards: int = 0  # target forwards, prefills included (methods that do not report acceptance)
+    identical: bool | None = None  # equal to plain's output, every turn (None: sampling, or plain itself)
+    timings: dict[str, float] = field(default_factory=dict)  # engine seconds per phase
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens += tokens
+        self.time += seconds
+
 
 @dataclass
 class PromptResult:
@@ -26,16 +52,7 @@ class PromptResult:
     domain: str
     category: str
     turns: int
-    ar_tokens: int = 0
-    ar_time: float = 0.0
-    spec_tokens: int = 0
-    spec_time: float = 0.0
-    pld_tokens: int = 0
-    pld_time: float = 0.0
-    pld_forwards: int = 0  # prefills included
-    accepted: list[int] = field(default_factory=list)  # draft tokens accepted per verification
-    identical: bool | None = None  # None when sampling (no token-for-token reference)
-    timings: dict[str, float] = field(default_factory=dict)  # engine seconds per phase
+    runs: dict[str, MethodRun] = field(default_factory=dict)
     dropped_turns: int = 0  # later turns beyond the target's context, not run
 
 
@@ -43,62 +60,95 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b > 0 else None
 
 
-def summarize(results: list[PromptResult], depth: int) -> dict:
-    acc = [a for r in results for a in r.accepted]
-    steps = len(acc)
-    alpha = []
-    for d in range(1, depth + 1):
-        reached = sum(a >= d - 1 for a in acc)
-        alpha.append(_ratio(sum(a >= d for a in acc), reached))
-    ar_tok, ar_t = sum(r.ar_tokens for r in results), sum(r.ar_time for r in results)
-    sp_tok, sp_t = sum(r.spec_tokens for r in results), sum(r.spec_time for r in results)
-    pl_tok, pl_t = sum(r.pld_tokens for r in results), sum(r.pld_time for r in results)
-    turns = sum(r.turns for r in results)
-    pl_fwd = sum(r.pld_forwards for r in results)
-    ar_tps, sp_tps, pl_tps = _ratio(ar_tok, ar_t), _ratio(sp_tok, sp_t), _ratio(pl_tok, pl_t)
-    phases: dict[str, float] = {}
-    for r in results:
-        for k, v in r.timings.items():
-            phases[k] = phases.get(k, 0.0) + v
-    checked = [r.identical for r in results if r.identical is not None]
+def summarize_method(results: list[PromptResult], name: str, depth: int, plain_tps: float | None) -> dict | None:
+    """One method's numbers over these prompts (None: it answered none of them)."""
+    runs = [r.runs[name] for r in results if name in r.runs]
+    if not runs:
+        return None
+    tok, t = sum(x.tokens for x in runs), sum(x.time for x in runs)
+    tps = _ratio(tok, t)
+    speedup = _ratio(tps, plain_tps or 0) if tps is not None else None
+    out: dict = {"n_prompts": len(runs), "tokens": tok, "tokens_per_s": tps, "speedup": speedup}
+    checked = [x.identical for x in runs if x.identical is not None]
+    out["identical_to_plain"] = sum(checked) if checked else None
+    if any(x.accepted is not None for x in runs):
+        acc = [a for x in runs for a in x.accepted or []]
+        steps = len(acc)
+        out["tau"] = round(1 + sum(acc) / steps, 4) if steps else None
+        out["alpha"] = [
+            _ratio(sum(a >= d for a in acc), sum(a >= d - 1 for a in acc)) for d in range(1, depth + 1)
+        ]
+        out["accept_hist"] = [sum(a == k for a in acc) for k in range(depth + 1)]
+        out["verifications"] = steps
+        phases: dict[str, float] = {}
+        for x in runs:
+            for k, v in x.timings.items():
+                phases[k] = phases.get(k, 0.0) + v
+        turns = sum(r.turns for r in results if name in r.runs)
+        out["ms_per_step"] = (
+            {k: round(1000 * v / steps, 3) for k, v in sorted(phases.items()) if k != "prefill"} if steps else {}
+        )
+        out["prefill_ms_per_turn"] = round(1000 * phases.get("prefill", 0.0) / turns, 3) if turns else None
+    elif name != PLAIN:
+        turns = sum(r.turns for r in results if name in r.runs)
+        out["tau"] = _ratio(tok - turns, sum(x.forwards for x in runs) - turns)
+    return out
+
+
+def summarize(results: list[PromptResult], depth: int, methods: list[str], headline: str, pld: str | None = None) -> dict:
+    plain = summarize_method(results, PLAIN, depth, None) or {"tokens_per_s": None}
+    per = {PLAIN: plain} | {m: summarize_method(results, m, depth, plain["tokens_per_s"]) for m in methods if m != PLAIN}
+    per = {m: v for m, v in per.items() if v is not None}
+    head, pl = per.get(headline, {}), per.get(pld, {}) if pld else {}
     return {
         "n_prompts": len(results),
-        "tau": round(1 + sum(acc) / steps, 4) if steps else None,
-        "alpha": alpha,
-        "accept_hist": [sum(a == k for a in acc) for k in range(depth + 1)],
-        "verifications": steps,
-        "ar_tokens_per_s": ar_tps,
-        "spec_tokens_per_s": sp_tps,
-        "pld_tokens_per_s": pl_tps,
-        "speedup": _ratio(sp_tps or 0, ar_tps or 0),
-        "pld_speedup": _ratio(pl_tps or 0, ar_tps or 0),
-        "pld_tau": _ratio(pl_tok - turns, pl_fwd - turns),  # prefills excluded, as for tau
-        "identical_to_ar": sum(checked) if checked else None,
-        "tokens": {"ar": ar_tok, "spec": sp_tok, "pld": pl_tok},
-        # Engine time per verification step by phase (draft; verify = the target's decoder; accept =
-        # its lm_head at tree nodes + the rule; compact; observe; bookkeeping); prefill per turn.
-        "ms_per_step": {k: round(1000 * v / steps, 3) for k, v in sorted(phases.items()) if k != "prefill"}
-        if steps
-        else {},
-        "prefill_ms_per_turn": round(1000 * phases.get("prefill", 0.0) / turns, 3) if turns else None,
+        "methods": per,
+        # the headline method under the earlier flat keys
+        "tau": head.get("tau"),
+        "alpha": head.get("alpha", [None] * depth),
+        "accept_hist": head.get("accept_hist", [0] * (depth + 1)),
+        "verifications": head.get("verifications", 0),
+        "ar_tokens_per_s": plain["tokens_per_s"],
+        "spec_tokens_per_s": head.get("tokens_per_s"),
+        "pld_tokens_per_s": pl.get("tokens_per_s"),
+        "speedup": head.get("speedup"),
+        "pld_speedup": pl.get("speedup"),
+        "pld_tau": pl.get("tau"),
+        "identical_to_ar": head.get("identical_to_plain"),
+        "ms_per_step": head.get("ms_per_step", {}),
+        "prefill_ms_per_turn": head.get("prefill_ms_per_turn"),
         "dropped_turns": sum(r.dropped_turns for r in results),
     }
 
 
 def build_report(
-    results: list[PromptResult], depth: int, meta: dict, skipped: dict[str, int] | None = None
+    results: list[PromptResult],
+    depth: int,
+    meta: dict,
+    skipped: dict[str, int] | None = None,
+    headline: str | None = None,
+    pld: str | None = None,
 ) -> dict:
-    """`skipped`: per domain, the questions not run (too long for the target's context)."""
+    """`skipped`: per domain, the questions not run (too long for the target's context). `headline`:
+    the method the flat keys describe (default: the first non-plain method); `pld`: HF prompt lookup's name."""
     skipped = skipped or {}
+    methods = list(dict.fromkeys(m for r in results for m in r.runs))
+    methods = [PLAIN] + [m for m in methods if m != PLAIN]
+    headline = headline or next((m for m in methods if m not in (PLAIN, pld)), PLAIN)
     domains = {}
     for r in results:
         domains.setdefault(r.domain, []).append(r)
     for d in skipped:
         domains.setdefault(d, [])
-    summaries = {d: {**summarize(rs, depth), "skipped_prompts": skipped.get(d, 0)} for d, rs in domains.items()}
+    summaries = {
+        d: {**summarize(rs, depth, methods, headline, pld), "skipped_prompts": skipped.get(d, 0)}
+        for d, rs in domains.items()
+    }
     return {
         **meta,
-        "overall": {**summarize(results, depth), "skipped_prompts": sum(skipped.values())},
+        "methods": methods,
+        "headline": headline,
+        "overall": {**summarize(results, depth, methods, headline, pld), "skipped_prompts": sum(skipped.values())},
         "domains": summaries,
         "prompts": [asdict(r) for r in results],
     }
@@ -121,18 +171,36 @@ def _fmt(x, spec="{:.2f}") -> str:
 
 
 def table(report: dict) -> str:
-    """The per-domain table as Markdown."""
+    """Per domain, one row per method, as Markdown."""
     depth = len(report["overall"]["alpha"])
-    head = ["domain", "n", "tau"] + [f"a{d}" for d in range(1, depth + 1)]
-    head += ["plain tok/s", "spec tok/s", "speedup", "PLD speedup", "PLD tau", "identical"]
+    head = ["domain", "method", "n", "tau"] + [f"a{d}" for d in range(1, depth + 1)]
+    head += ["tok/s", "speedup", "identical"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = list(report["domains"].items()) + [("**overall**", report["overall"])]
     for name, s in rows:
-        cells = [name, str(s["n_prompts"]), _fmt(s["tau"])] + [_fmt(a) for a in s["alpha"]]
-        cells += [_fmt(s["ar_tokens_per_s"], "{:.1f}"), _fmt(s["spec_tokens_per_s"], "{:.1f}")]
-        cells += [_fmt(s["speedup"], "{:.2f}x"), _fmt(s["pld_speedup"], "{:.2f}x"), _fmt(s["pld_tau"])]
-        ident = s["identical_to_ar"]
-        cells.append("-" if ident is None else f"{ident}/{s['n_prompts']}")
+        for method, m in s.get("methods", {}).items():
+            alpha = m.get("alpha") or [None] * depth
+            cells = [name, method, str(m.get("n_prompts", 0)), _fmt(m.get("tau") if method != PLAIN else 1.0)]
+            cells += [_fmt(a) for a in alpha]
+            cells += [_fmt(m["tokens_per_s"], "{:.1f}"), _fmt(m["speedup"], "{:.2f}x")]
+            ident = m.get("identical_to_plain")
+            cells.append("-" if ident is None else f"{ident}/{m.get('n_prompts', 0)}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def phase_table(report: dict) -> str:
+    """Engine ms per verification step by phase, per engine method (overall), and drafting +
+    acceptance as a share of the verify forward."""
+    head = ["method", *PHASES, "step", "(draft + accept) / verify"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method, m in report["overall"].get("methods", {}).items():
+        ms = m.get("ms_per_step")
+        if not ms:
+            continue
+        share = _ratio(ms.get("draft", 0.0) + ms.get("accept", 0.0), ms.get("verify", 0.0))
+        cells = [method] + [_fmt(ms.get(p), "{:.1f}") for p in PHASES]
+        cells += [_fmt(sum(ms.values()), "{:.1f}"), _fmt(share, "{:.0%}")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -141,13 +209,13 @@ def markdown(report: dict) -> str:
     curve = report.get("verify_cost") or {}
     base = curve.get("1") or curve.get(1)
     cost_line = ", ".join(f"{k}: {v / base:.2f}x" for k, v in curve.items()) if base else "not measured"
-    o = report["overall"]
     out = [
         f"# Speculative decoding report: {report.get('method', '?')}",
         "",
         f"- target: {report.get('target')}, device {report.get('device')}, dtype {report.get('dtype')}",
         f"- tree: {json.dumps({k: v for k, v in report.get('tree', {}).items() if k != 'paths'})}, "
         f"budget {report.get('budget')} ({report.get('budget_source')})",
+        f"- accuracy profile: {report.get('accuracies', 'not recorded')}",
         f"- acceptance: {report.get('acceptance')}"
         + (
             " (typical acceptance is NOT lossless)"
@@ -156,13 +224,17 @@ def markdown(report: dict) -> str:
         ),
         f"- sampling: {json.dumps(report.get('sampling'))}, max_new_tokens {report.get('max_new_tokens')}",
         f"- verify cost (forward over k new tokens / one token): {cost_line}",
-        f"- engine time per verification step (ms): {json.dumps(o.get('ms_per_step'))}",
+        *([f"- engines: {json.dumps(report['engines'])}"] if report.get("engines") else []),
         *([skipped_line(report)] if skipped_line(report) else []),
         "",
         table(report),
         "",
-        "tau: tokens per verification incl. the bonus token; a_d: acceptance at draft depth d given depth d-1 accepted;"
-        " speedup: spec tokens/s over plain tokens/s (tokens and times summed over prompts); PLD: HF prompt lookup.",
+        "tau: tokens per target forward incl. the bonus token; a_d: acceptance at draft depth d given depth d-1 accepted;"
+        " speedup: tokens/s over plain tokens/s (tokens and times summed over prompts); methods ran interleaved per prompt.",
+        "",
+        "Engine time per verification step (ms):",
+        "",
+        phase_table(report),
     ]
     return "\n".join(out) + "\n"
 
@@ -175,14 +247,21 @@ def plot(report: dict, path: Path) -> None:
 
     names = list(report["domains"]) + ["overall"]
     stats = [report["domains"][n] for n in names[:-1]] + [report["overall"]]
+    methods = [m for m in report.get("methods", []) if m != PLAIN]
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.5))
     x = range(len(names))
-    ax[0].bar([i - 0.2 for i in x], [s["speedup"] or 0 for s in stats], 0.4, label="speculative")
-    ax[0].bar([i + 0.2 for i in x], [s["pld_speedup"] or 0 for s in stats], 0.4, label="prompt lookup")
+    width = 0.8 / max(1, len(methods))
+    for j, m in enumerate(methods):
+        ax[0].bar(
+            [i - 0.4 + width * (j + 0.5) for i in x],
+            [s["methods"].get(m, {}).get("speedup") or 0 for s in stats],
+            width,
+            label=m,
+        )
     ax[0].axhline(1.0, color="gray", lw=0.8)
     ax[0].set_xticks(list(x), names, rotation=30, ha="right")
     ax[0].set_ylabel("speedup over plain decoding")
-    ax[0].legend()
+    ax[0].legend(fontsize=7)
     for n, s in zip(names, stats, strict=True):
         ax[1].plot(
             range(1, len(s["alpha"]) + 1),
@@ -191,7 +270,7 @@ def plot(report: dict, path: Path) -> None:
             label=n,
         )
     ax[1].set_xticks(range(1, len(report["overall"]["alpha"]) + 1))
-    ax[1].set_xlabel("draft depth")
+    ax[1].set_xlabel(f"draft depth ({report.get('headline', '')})")
     ax[1].set_ylabel("acceptance rate given previous accepted")
     ax[1].set_ylim(0, 1)
     ax[1].legend(fontsize=7)

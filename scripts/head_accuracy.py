@@ -1,4 +1,4 @@
-"""Per-head top-1..top-10 accuracy of trained Medusa heads on the validation split (what a static tree is built from).
+"""Per-depth top-1..top-10 accuracy of trained heads (Medusa, EAGLE-1, EAGLE-3) on the validation split: the tree profile.
 
 The command-line face of `headway.inference.head_accuracy`: `python scripts/head_accuracy.py --help` lists its options.
 """

@@ -13,8 +13,12 @@ import torch
 
 from headway.data.chat import first_turn_ids
 from headway.heads.vocab import DraftVocab
+from headway.inference.allocation import NodePlanner
+from headway.inference.drafters import FusedDrafter, LookupDrafter
 from headway.inference.engine import SpecEngine
+from headway.inference.gpu_check import echo_drafter  # noqa: F401 (re-exported for the tests)
 from headway.inference.questions import load_questions
+from headway.inference.trees import DEFAULT_ACCURACIES, DRAFTER_DEFAULT_ACCURACIES
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_NEW = 16
@@ -72,30 +76,15 @@ def plain_greedy(model, ids_list: list[list[int]]) -> list[list[int]]:
     return refs
 
 
-def echo_drafter(drafter):
-    """An EAGLE drafter whose layer passes the target feature through: fc reads only the last feature
-    block, attention and MLP outputs are zeroed. Drafting then reads the target's own head on its
-    last feature, i.e. it guesses like untrained Medusa heads (the target's next token, one step
-    early), so some drafts are accepted. A random untrained drafter gets almost none (measured over
-    these 20 prompts, static tree: EAGLE-1 0, EAGLE-3 1), which would leave accepted paths untested."""
-    h = drafter.config.hidden_size
-    layer = drafter.midlayer if hasattr(drafter, "midlayer") else drafter.layers[0]
-    with torch.no_grad():
-        drafter.fc.weight.zero_()
-        drafter.fc.weight[:, -h:] = torch.eye(h)
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-    return drafter
-
-
 def check_lossless(model, drafter, spec, ids_list, refs, batch: int, *, min_accepted: int) -> int:
     """Runs the engine over all prompts in batches; asserts equality, and that at least `min_accepted`
     draft tokens were accepted (a drafter that is never right would leave acceptance untested)."""
     engine = SpecEngine(model, drafter, spec, eos_ids={EOS})
     accepted = 0
+    scripted = getattr(drafter, "trained", drafter)  # a fused drafter's own drafter
     for i in range(0, len(ids_list), batch):
-        if hasattr(drafter, "start"):
-            drafter.start(i)
+        if hasattr(scripted, "start"):
+            scripted.start(i)
         out = engine.generate(ids_list[i : i + batch], MAX_NEW)
         for j, toks in enumerate(out.tokens):
             assert toks == refs[i + j], (
@@ -104,6 +93,20 @@ def check_lossless(model, drafter, spec, ids_list, refs, batch: int, *, min_acce
         accepted += sum(map(sum, out.accepted))
     assert accepted >= min_accepted, f"only {accepted} draft tokens accepted (batch {batch}), expected >= {min_accepted}"
     return accepted
+
+
+def fused(drafter, spec) -> FusedDrafter:
+    """`drafter`'s trees with prompt-lookup candidates merged in; the trained share resized per step."""
+    acc = DEFAULT_ACCURACIES if spec.kind == "static" else DRAFTER_DEFAULT_ACCURACIES
+    lookup = LookupDrafter(max_ngram=3, min_ngram=1, max_tokens=6, num_candidates=3)
+    planner = NodePlanner(acc, spec.num_nodes, spec.max_depth, lookup.max_tokens)
+    return FusedDrafter(drafter, lookup, planner, acc)
+
+
+def check_fused(drafter: FusedDrafter) -> None:
+    """Lookup nodes were verified beside the drafter's and some of their tokens accepted (not a vacuous test)."""
+    t = drafter.totals
+    assert t["lookup_nodes"] > 0 and t["lookup_tokens"] > 0, t
 
 
 class ScriptedDrafter:

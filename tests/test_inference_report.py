@@ -11,7 +11,16 @@ import torch
 from headway.config import load_config
 from headway.inference.build import build_engine, retune_budget
 from headway.inference.questions import MT_BENCH, MULTI_TURN, load_questions
-from headway.inference.report import PromptResult, build_report, summarize, table, write_report
+from headway.inference.report import (
+    PLAIN,
+    MethodRun,
+    PromptResult,
+    build_report,
+    phase_table,
+    summarize,
+    table,
+    write_report,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_BENCH = ROOT / "data/prompts/spec_bench/question.jsonl"
@@ -56,37 +65,21 @@ def test_question_errors(tmp_path):
 
 
 def test_summary_definitions(tmp_path):
-    a = PromptResult(
-        1,
-        "qa",
-        "qa",
-        1,
-        ar_tokens=10,
-        ar_time=1.0,
-        spec_tokens=10,
-        spec_time=0.5,
-        pld_tokens=10,
-        pld_time=0.8,
-        pld_forwards=6,
-        accepted=[0, 2, 3],
-        identical=True,
-    )
-    b = PromptResult(
-        2,
-        "rag",
-        "rag",
-        1,
-        ar_tokens=30,
-        ar_time=3.0,
-        spec_tokens=28,
-        spec_time=1.0,
-        pld_tokens=30,
-        pld_time=3.0,
-        pld_forwards=21,
-        accepted=[1, 3],
-        identical=False,
-    )
-    s = summarize([a, b], depth=3)
+    pld = "hf-prompt-lookup"
+    a = PromptResult(1, "qa", "qa", 1)
+    a.runs = {
+        PLAIN: MethodRun(10, 1.0),
+        "medusa": MethodRun(10, 0.5, accepted=[0, 2, 3], identical=True, timings={"draft": 0.03, "verify": 0.1}),
+        pld: MethodRun(10, 0.8, forwards=6, identical=True),
+        "lookup": MethodRun(9, 0.9, accepted=[1, 1, 1, 1], identical=False),
+    }
+    b = PromptResult(2, "rag", "rag", 1)
+    b.runs = {
+        PLAIN: MethodRun(30, 3.0),
+        "medusa": MethodRun(28, 1.0, accepted=[1, 3], identical=False, timings={"draft": 0.02, "verify": 0.1}),
+        pld: MethodRun(30, 3.0, forwards=21, identical=True),
+    }
+    s = summarize([a, b], 3, [PLAIN, "medusa", pld, "lookup"], headline="medusa", pld=pld)
     assert s["tau"] == pytest.approx(1 + 9 / 5)
     # depth 1: reached 5, accepted 4; depth 2: reached 4, accepted 3; depth 3: reached 3, accepted 2
     assert s["alpha"] == pytest.approx([4 / 5, 3 / 4, 2 / 3], abs=1e-4)
@@ -95,9 +88,20 @@ def test_summary_definitions(tmp_path):
     assert s["pld_speedup"] == pytest.approx((40 / 3.8) / (40 / 4.0), abs=1e-3)
     assert s["pld_tau"] == pytest.approx((40 - 2) / (27 - 2), abs=1e-3)
     assert s["identical_to_ar"] == 1
-    rep = build_report([a, b], 3, {"method": "medusa", "verify_cost": {"1": 0.01, "16": 0.016}, "budget": 15})
+    assert s["ms_per_step"] == {"draft": 10.0, "verify": 40.0}  # per verification: 0.05 s and 0.2 s over 5
+    lk = s["methods"]["lookup"]  # a method only one prompt ran: its own sums, plain's rate as the base
+    assert lk["tau"] == 2.0 and lk["alpha"] == [1.0, 0.0, None] and lk["identical_to_plain"] == 0
+    assert lk["speedup"] == pytest.approx(10 / (40 / 4.0), abs=1e-3)
+    assert s["methods"][PLAIN]["tokens_per_s"] == 10.0 and s["methods"][pld]["identical_to_plain"] == 2
+    rep = build_report(
+        [a, b], 3, {"method": "medusa", "verify_cost": {"1": 0.01, "16": 0.016}, "budget": 15}, headline="medusa", pld=pld
+    )
+    assert rep["methods"] == [PLAIN, "medusa", pld, "lookup"] and rep["headline"] == "medusa"
     assert set(rep["domains"]) == {"qa", "rag"} and rep["overall"]["n_prompts"] == 2
-    assert "| **overall** | 2 |" in table(rep)
+    md = table(rep)
+    assert "| **overall** | medusa | 2 |" in md and "| **overall** | lookup | 1 | 2.00 |" in md
+    assert "| qa | lookup | 1 | 2.00 |" in md and "| rag | lookup |" not in md  # rag ran no lookup
+    assert "| medusa | 10.0 | 40.0 |" in phase_table(rep)
     out = write_report(rep, tmp_path / "r")
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.png"}
 
@@ -137,6 +141,12 @@ def test_build_eagle_dynamic_chain_and_paths(tiny_target, smol_tok, tmp_path):
     s = build_engine(cfg, None, tiny_target, smol_tok)
     assert s.method == "eagle3" and s.engine.spec.kind == "dynamic" and s.engine.spec.budget == 20
     assert s.engine.spec.depth == cfg.inference.depth
+    auto = build_engine(load_config(ROOT / "configs/smollm2-135m/eagle3.yaml", ["eagle.feature_layers=[1,2,3]"]), None, tiny_target, smol_tok, curve=FLAT)
+    assert auto.engine.spec.depth == 6  # before the drafter's cost is known: the recipe's depth
+    retune_budget(auto, FLAT, draft_cost=6.0, max_budget=64)  # each of its 6 levels costs a verification
+    assert auto.engine.spec.depth < 6 and "per tree level: depth" in auto.info["budget_source"]
+    retune_budget(auto, FLAT, draft_cost=0.0, max_budget=64)  # free drafting: the deepest, widest tree
+    assert auto.engine.spec.depth == 6 and auto.engine.spec.budget == 64
     cfg = load_config(ROOT / "configs/smollm2-135m/eagle.yaml", ["inference.tree=chain", "inference.depth=3"])
     s = build_engine(cfg, None, tiny_target, smol_tok)
     assert s.engine.spec.tree.paths == [(0,), (0, 0), (0, 0, 0)]
@@ -212,5 +222,13 @@ def test_evaluate_script_end_to_end(tiny_target, smol_tok, tmp_path):
         assert key in rep["overall"], key
     assert rep["overall"]["n_prompts"] == 6
     assert rep["overall"]["identical_to_ar"] == 6  # fp32, greedy: every prompt, both turns, token for token
+    # every drafting mode and HF prompt lookup in the same run, each on every prompt
+    assert rep["methods"] == ["plain", "medusa", "lookup", "medusa+lookup", "hf-prompt-lookup"]
+    assert rep["headline"] == "medusa" and set(rep["engines"]) == {"medusa", "lookup", "medusa+lookup"}
+    for name in ("medusa", "lookup", "medusa+lookup"):
+        m = rep["overall"]["methods"][name]
+        assert m["n_prompts"] == 6 and m["identical_to_plain"] == 6 and m["tau"] >= 1 and m["ms_per_step"]["verify"] > 0
+    assert rep["overall"]["methods"]["hf-prompt-lookup"]["tau"] >= 1
+    assert "medusa+lookup" in (out / "report.md").read_text() and "(draft + accept) / verify" in (out / "report.md").read_text()
     assert rep["dtype"] == "float32" and rep["budget"] == 8 and rep["verify_cost"]
     assert (out / "report.md").read_text().count("|") > 20 and (out / "report.png").stat().st_size > 1000

@@ -1,11 +1,21 @@
 """fp32 greedy losslessness on the real SmolLM2 with an EAGLE-3 drafter (untrained, its layer made a
 pass-through by `echo_drafter` so that some drafts are accepted): static and dynamic trees, batch 1
-and batch 4, 20 prompts over all six domains; an 8,192-token draft vocabulary (d2t map) as in the recipe."""
+and batch 4, 20 prompts over all six domains; an 8,192-token draft vocabulary (d2t map) as in the recipe;
+its dynamic trees with prompt-lookup candidates fused in."""
 
 from __future__ import annotations
 
 import pytest
-from lossless_common import check_lossless, echo_drafter, one_thread, plain_greedy, prompts, recipe_vocab  # noqa: F401 (fixture)
+from lossless_common import (  # noqa: F401 (fixture)
+    check_fused,
+    check_lossless,
+    echo_drafter,
+    fused,
+    one_thread,
+    plain_greedy,
+    prompts,
+    recipe_vocab,
+)
 
 from headway.heads.eagle import Eagle3Drafter
 from headway.inference.drafters import EagleTreeDrafter
@@ -33,3 +43,11 @@ def test_eagle3_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
     drafter = EagleTreeDrafter(echo_drafter(Eagle3Drafter.from_target(smol_fp32, vocab=recipe_vocab())))
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=MIN_ACCEPTED[tree])
+
+
+def test_eagle3_fused_with_lookup_greedy_is_lossless(smol_fp32, case):
+    ids, refs = case
+    eagle = EagleTreeDrafter(echo_drafter(Eagle3Drafter.from_target(smol_fp32, vocab=recipe_vocab())))
+    drafter = fused(eagle, SPECS["dynamic"])
+    check_lossless(smol_fp32, drafter, SPECS["dynamic"], ids, refs, 4, min_accepted=MIN_ACCEPTED["dynamic"])
+    check_fused(drafter)

@@ -9,17 +9,19 @@ the draft tokens were drawn from) must be rejected by the same test, so the test
 from __future__ import annotations
 
 import functools
-import itertools
 
 import pytest
 import torch
 from tiny_models import tiny_llama
 
 import headway.inference.engine as engine_mod
+from headway.inference import exactness
 from headway.inference.acceptance import accept_sampling, residual
-from headway.inference.drafters import ModelDrafter
+from headway.inference.allocation import NodePlanner
+from headway.inference.drafters import FusedDrafter, LookupDrafter, ModelDrafter
 from headway.inference.engine import SpecEngine
-from headway.inference.trees import Tree, TreeSpec, chain
+from headway.inference.exactness import chi_square_p
+from headway.inference.trees import DRAFTER_DEFAULT_ACCURACIES, Tree, TreeSpec, chain
 from headway.sampling import SamplingParams, warp
 
 
@@ -59,39 +61,11 @@ def draft_model():
 
 
 def exact_joint(target, s: SamplingParams) -> torch.Tensor:
-    """P(first N_TOKENS generated tokens) [V ** N_TOKENS], from one forward over every prefix."""
-    prefixes = torch.tensor(list(itertools.product(range(V), repeat=N_TOKENS - 1)))  # [V^(n-1), n-1]
-    ids = torch.cat([torch.tensor(PROMPT).expand(len(prefixes), -1), prefixes], 1)
-    with torch.no_grad():
-        logits = target(ids).logits[:, len(PROMPT) - 1 :]  # [P, n, V]
-    p = warp(logits, s)
-    joint = torch.ones(len(prefixes), V)
-    for i in range(N_TOKENS - 1):
-        joint = joint * p[torch.arange(len(prefixes)), i, prefixes[:, i]][:, None]
-    return (joint * p[:, -1]).reshape(-1).double()
+    return exactness.exact_joint(target, PROMPT, N_TOKENS, s)
 
 
-def sample_counts(engine: SpecEngine, seed: int = 0, batch: int = 10_000) -> torch.Tensor:
-    counts = torch.zeros(V**N_TOKENS, dtype=torch.float64)
-    for run in range(SAMPLES // batch):
-        out = engine.generate([PROMPT] * batch, max_new_tokens=N_TOKENS, seed=seed * 1000 + run)
-        seqs = torch.tensor(out.tokens)
-        assert seqs.shape == (batch, N_TOKENS)
-        code = (seqs * V ** torch.arange(N_TOKENS - 1, -1, -1)).sum(-1)
-        counts += torch.bincount(code, minlength=V**N_TOKENS).double()
-    return counts
-
-
-def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Goodness-of-fit p-value; outcomes expected fewer than 5 times are pooled into one bin."""
-    expected = probs * counts.sum()
-    small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum()[None]])
-    exp = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = exp > 0
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
+def sample_counts(engine: SpecEngine, seed: int = 0) -> torch.Tensor:
+    return exactness.sample_counts(engine, PROMPT, N_TOKENS, SAMPLES, seed)
 
 
 BRANCHING = Tree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
@@ -104,12 +78,25 @@ CASES = {
         SamplingParams(temperature=0.8, top_p=0.9, top_k=4),
     ),
     "dynamic": (TreeSpec("dynamic", depth=3, top_k=2, budget=5), "topk", SamplingParams(temperature=1.0)),
+    # Prompt-lookup candidates merged into the trained tree: one-hot q rows beside sampled ones ...
+    "fused-tree-sampled": (TreeSpec("static", BRANCHING), "sample", SamplingParams(temperature=1.0)),
+    # ... and beside deterministic (top-k) picks, q None throughout.
+    "fused-dynamic": (TreeSpec("dynamic", depth=3, top_k=2, budget=5), "topk", SamplingParams(temperature=0.8)),
 }
+
+
+def fused(drafter: ModelDrafter, spec: TreeSpec) -> FusedDrafter:
+    """The drafter's tree with lookup candidates (up to 4 tokens, 2 candidates) merged in."""
+    planner = NodePlanner(DRAFTER_DEFAULT_ACCURACIES, spec.num_nodes, spec.max_depth, lookup_depth=4, resize_trained=False)
+    return FusedDrafter(drafter, LookupDrafter(max_ngram=3, max_tokens=4, num_candidates=2), planner, DRAFTER_DEFAULT_ACCURACIES)
 
 
 def _engine(target, draft_model, case):
     spec, children, s = CASES[case]
-    return SpecEngine(target, ModelDrafter(draft_model, children=children), spec, s, eos_ids=set()), s
+    drafter = ModelDrafter(draft_model, children=children)
+    if case.startswith("fused"):
+        drafter = fused(drafter, spec)
+    return SpecEngine(target, drafter, spec, s, eos_ids=set()), s
 
 
 def test_models_differ_enough(target, draft_model):
@@ -128,6 +115,9 @@ def test_speculative_sampling_matches_target(target, draft_model, case):
     pval = chi_square_p(counts, exact_joint(target, s))
     assert pval > 0.01, f"{case}: chi-square rejects the sampler (p = {pval:.2e})"
     assert sum(engine.timings.values()) > 0
+    if case.startswith("fused"):  # lookup nodes were verified beside the drafter's, and some accepted
+        t = engine.drafter.totals
+        assert t["lookup_nodes"] > SAMPLES and t["lookup_tokens"] > SAMPLES // 10, t
 
 
 def _wrong_correction(p, q):
@@ -153,7 +143,7 @@ class _NoRenormDrafter(ModelDrafter):
         return dt
 
 
-@pytest.mark.parametrize("case", ["chain-sampled", "tree-sampled"])
+@pytest.mark.parametrize("case", ["chain-sampled", "tree-sampled", "fused-dynamic"])
 def test_negative_control_residual_from_p_is_rejected(target, draft_model, case, monkeypatch):
     monkeypatch.setattr(
         engine_mod, "accept_sampling", functools.partial(accept_sampling, correction=_wrong_correction)

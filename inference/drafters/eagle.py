@@ -17,7 +17,7 @@ import torch
 
 from headway.features import FeatureSpec
 from headway.heads.eagle import EagleDrafter
-from headway.inference.drafter import Accepted, DraftTree
+from headway.inference.drafter import Accepted, DraftTree, join_observed
 from headway.inference.grow import grow_dynamic, grow_static
 from headway.inference.layout import additive_mask
 from headway.inference.trees import TreeSpec
@@ -41,11 +41,10 @@ class EagleTreeDrafter:
         self.pending: tuple | None = None  # (tokens, valid, positions, model-space features)
 
     def observe(self, acc: Accepted) -> None:
-        if self.pending is not None:
-            raise RuntimeError("EagleTreeDrafter.observe called twice without a draft in between")
         with torch.inference_mode():
             z = self.drafter.features_from_target(acc.feats)
-        self.pending = (acc.tokens, acc.valid, acc.positions, z)
+        new = (acc.tokens, acc.valid, acc.positions, z)
+        self.pending = new if self.pending is None else join_observed(self.pending, new)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         if self.cache is not None:

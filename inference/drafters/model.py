@@ -19,7 +19,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from headway.features import FeatureSpec
-from headway.inference.drafter import Accepted, DraftTree
+from headway.inference.drafter import Accepted, DraftTree, join_observed
 from headway.inference.grow import grow_dynamic, grow_static
 from headway.inference.layout import additive_mask
 from headway.inference.trees import TreeSpec
@@ -60,8 +60,10 @@ class ModelDrafter:
         self.pending: Accepted | None = None
 
     def observe(self, acc: Accepted) -> None:
-        if self.pending is not None:
-            raise RuntimeError("ModelDrafter.observe called twice without a draft in between")
+        if self.pending is not None:  # a step went undrafted: draft from both observations
+            p = self.pending
+            tokens, valid, positions = join_observed((p.tokens, p.valid, p.positions), (acc.tokens, acc.valid, acc.positions))
+            acc = Accepted(tokens, valid, positions, acc.feats)
         self.pending = acc
 
     def select_rows(self, keep: torch.Tensor) -> None:

@@ -1,0 +1,53 @@
+"""scripts/gpu_check.sh in its CPU mode (tiny models), on an interpreter that lacks the optional packages
+(datasets, gguf, deepspeed, wandb: absent as on a bare GPU machine) and without headway installed, so
+the script cannot rot and the GPU path imports nothing it may not find there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MISSING = ("datasets", "gguf", "deepspeed", "wandb")
+
+
+def bare_site(folder: Path) -> Path:
+    """This environment's site-packages without the optional packages, headway or any .pth hook."""
+    folder.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name.lower().replace("-", "_")
+        if entry.suffix == ".pth" or name.startswith(("headway", "__editable__")):
+            continue
+        if any(name == m or name.startswith((f"{m}.", f"{m}_")) for m in MISSING):
+            continue
+        (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+def test_gpu_check_tiny_cpu_run_passes_without_optional_packages(tmp_path):
+    site = bare_site(tmp_path / "site")
+    env = {
+        **os.environ,
+        "PYTHON": f"{sys.executable} -S",  # no site-packages but the bare copy on PYTHONPATH
+        "PYTHONPATH": str(site),
+        "OMP_NUM_THREADS": "1",
+        "GPU_CHECK_TIMEOUT": "300",
+    }
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts/gpu_check.sh"), "--tiny", "--device", "cpu", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "headway from this checkout" in proc.stdout and "PASSED" in proc.stdout
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["passed"] and report["info"]["optional_packages"] == dict.fromkeys(MISSING, False)
+    assert all(v["identical"] == v["prompts"] for v in report["greedy_fp32"].values())
+    assert sum(v["accepted"] for v in report["greedy_fp32"].values()) > 100  # drafts were accepted: not vacuous
+    assert report["sampling"]["negative control: residual from p"]["p"] < 0.01
+    assert set(report["training"]) == {"medusa", "eagle1", "eagle3"} and report["verify_cost_s"]
+    assert {k.split(" batch")[0] for k in report["engine"]} == {"medusa", "eagle1", "eagle3", "lookup", "eagle3+lookup"}
