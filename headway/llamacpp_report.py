@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict
 
-from headway.inference.report import PromptResult, build_report
+from headway.inference.report import PLAIN, MethodRun, PromptResult, build_report
 from headway.llamacpp_ceiling import ceiling, reached
 from headway.llamacpp_eval import LlamaConfig, TurnRecord
 
@@ -141,6 +141,7 @@ def _add_speedups(summaries: dict, configs: list[LlamaConfig], fastest: str) -> 
 
 
 def _prompt_results(records, plain: str, spec: str, ngram: str | None) -> list[PromptResult]:
+    """Per question, report rows: plain decoding (PLAIN), the EAGLE-3 configuration and the n-gram one."""
     out = []
     for qid, rs in _by_question(records).items():
         first = rs[0]
@@ -149,14 +150,20 @@ def _prompt_results(records, plain: str, spec: str, ngram: str | None) -> list[P
         mine = {
             name: sorted((r for r in rs if r.config == name), key=lambda r: r.turn)
             for name in (plain, spec, ngram)
+            if name is not None
         }
-        for field_, name in (("ar", plain), ("spec", spec), ("pld", ngram)):
+        for row, name in ((PLAIN, plain), (spec, spec), (ngram, ngram)):
             ts = mine.get(name) or []
-            setattr(res, f"{field_}_tokens", sum(len(r.tokens) for r in ts))
-            setattr(res, f"{field_}_time", sum(r.predicted_ms for r in ts) / 1000)
-        res.pld_forwards = sum(forwards(r) + 1 for r in mine.get(ngram) or [])  # prefills included
-        res.accepted = [a for r in mine[spec] for a in accepted_per_step(r)]
-        res.identical = [r.tokens for r in mine[spec]] == [r.tokens for r in mine[plain]]
+            if not ts:
+                continue
+            run = res.runs[row] = MethodRun()
+            for r in ts:
+                run.add(len(r.tokens), r.predicted_ms / 1000)
+            run.forwards = sum(forwards(r) + 1 for r in ts)  # prefills included
+            if row != PLAIN:
+                run.identical = [r.tokens for r in ts] == [r.tokens for r in mine[plain]]
+        if spec in res.runs:
+            res.runs[spec].accepted = [a for r in mine[spec] for a in accepted_per_step(r)]
         out.append(res)
     return out
 
@@ -182,7 +189,9 @@ def llamacpp_report(
     best_ngram = max(ngrams, key=lambda n: summaries[n]["overall"]["tokens_per_s"] or 0) if ngrams else None
     _add_speedups(summaries, configs, fastest)
     results = _prompt_results(records, plain, spec, best_ngram)
-    report = build_report(results, n_max, {**meta, "verify_cost": {str(k): v for k, v in curve.items()}})
+    report = build_report(
+        results, n_max, {**meta, "verify_cost": {str(k): v for k, v in curve.items()}}, headline=spec, pld=best_ngram
+    )
     drafter = summaries[spec]["overall"]
     bound = ceiling(curve, [a or 0.0 for a in drafter["alpha"]], n_max, drafter["tau"]) if curve else None
     report["llamacpp"] = {
