@@ -190,7 +190,11 @@ def llamacpp_report(
     _add_speedups(summaries, configs, fastest)
     results = _prompt_results(records, plain, spec, best_ngram)
     report = build_report(
-        results, n_max, {**meta, "verify_cost": {str(k): v for k, v in curve.items()}}, headline=spec, pld=best_ngram
+        results,
+        n_max,
+        {**meta, "verify_cost": {str(k): v for k, v in curve.items()}},
+        headline=spec,
+        pld=best_ngram,
     )
     drafter = summaries[spec]["overall"]
     bound = ceiling(curve, [a or 0.0 for a in drafter["alpha"]], n_max, drafter["tau"]) if curve else None
