@@ -8,12 +8,27 @@ the head turns a batch plus those features into a loss and per-position metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:  # annotations only: FeatureSpec and TargetFeatures are imported from headway.features
     from headway.features import FeatureSpec, TargetFeatures
+
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def checkpoint_files(folder: str | Path, what: str) -> tuple[Path, Path]:
+    """A head folder's config.json and model.safetensors, both present (else the missing one is named)."""
+    folder = Path(folder)
+    cfg_path, w_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    for p in (cfg_path, w_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"{what} folder {folder} lacks {p.name}")
+    return cfg_path, w_path
 
 
 @dataclass

@@ -44,11 +44,9 @@ from torch import nn
 
 from headway.features import FeatureSpec, TargetFeatures, hidden_state_to_layer
 from headway.heads import eagle_attention
-from headway.heads.base import shift_left
+from headway.heads.base import CONFIG_FILE, WEIGHTS_FILE, checkpoint_files, shift_left
 from headway.heads.vocab import DraftVocab
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 FORMAT = "eagle-drafter"
 
 
@@ -616,11 +614,7 @@ def load_drafter(
     """Load an EAGLE-1 or EAGLE-3 drafter folder onto `target` (checked: hidden size, vocabulary, layers)."""
     from safetensors.torch import load_file
 
-    folder = Path(folder)
-    cfg_path, w_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    for p in (cfg_path, w_path):
-        if not p.is_file():
-            raise FileNotFoundError(f"EAGLE drafter folder {folder} lacks {p.name}")
+    cfg_path, w_path = checkpoint_files(folder, "EAGLE drafter")
     raw = json.loads(cfg_path.read_text())
     own = raw.get("headway")
     if not isinstance(own, dict) or own.get("format") != FORMAT:

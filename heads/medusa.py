@@ -23,10 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from headway.heads.base import CONFIG_FILE, WEIGHTS_FILE, checkpoint_files
 from headway.heads.vocab import DraftVocab
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 
 
 @dataclass
@@ -202,11 +200,7 @@ class MedusaHeads(nn.Module):
         """Load heads; with `target`, check they were trained for its hidden size and vocabulary."""
         from safetensors.torch import load_file
 
-        folder = Path(folder)
-        cfg_path, w_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-        for p in (cfg_path, w_path):
-            if not p.is_file():
-                raise FileNotFoundError(f"Medusa heads folder {folder} lacks {p.name}")
+        cfg_path, w_path = checkpoint_files(folder, "Medusa heads")
         config = MedusaHeadsConfig.from_json(json.loads(cfg_path.read_text()), str(cfg_path))
         if target is not None:
             check_target_matches(config, target, str(folder))
