@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from headway.features import FeatureSpec, LayerCapture, TargetFeatures
+from headway.features import FeatureSpec, LayerCapture, TargetFeatures, eagle_feature_spec
 
 DATA_FEATURE_NAMES = ("medusa", "eagle", "eagle3", "final_normed", "layer.N")
 
@@ -72,8 +72,6 @@ def union(*specs: FeatureSpec) -> FeatureSpec:
 
 def data_feature_spec(names: list[str], num_layers: int) -> FeatureSpec:
     """The features `data.features` names, for a target of `num_layers` decoder layers (see headway/config.py)."""
-    from headway.heads.eagle import eagle_feature_spec
-
     specs = []
     for name in names:
         if name in ("medusa", "final_normed"):

@@ -46,9 +46,9 @@ from headway.export.engine_keys import (
     table_for,
 )
 from headway.export.releases import Release, check_release, release_for
-from headway.features import hidden_state_to_layer
+from headway.features import default_feature_layers, hidden_state_to_layer
 from headway.heads.eagle import FORMAT as EAGLE_FORMAT
-from headway.heads.eagle import EagleDrafterConfig, default_feature_layers
+from headway.heads.eagle import EagleDrafterConfig
 from headway.heads.medusa import MedusaHeadsConfig
 from headway.heads.vocab import DraftVocab
 

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headway.features import FeatureSpec, TargetFeatures, hidden_state_to_layer
+from headway.features import FeatureSpec, TargetFeatures, default_feature_layers, eagle_feature_spec
 from headway.heads import eagle_attention
 from headway.heads.base import CONFIG_FILE, WEIGHTS_FILE, checkpoint_files, shift_left
 from headway.heads.vocab import DraftVocab
@@ -88,29 +88,6 @@ class EagleDrafterConfig:
     def feature_width(self) -> int:
         """Width of the target features the drafter reads (and of `feature_scale`)."""
         return self.hidden_size * (3 if self.version == 3 else 1)
-
-
-def default_feature_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's reference choice: a low, a middle and a high layer (hidden_states indices)."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def eagle_feature_spec(
-    version: int,
-    num_target_layers: int,
-    feature_layers: list[int] | None = None,
-    feature_source: str = "pre_norm",
-    training: bool = False,
-) -> FeatureSpec:
-    """The target features an EAGLE drafter reads, from its settings (no drafter needed: caching uses it).
-    training=True adds what the loss needs: EAGLE-3 learns from the target's distributions, i.e. its
-    final normed state; EAGLE-1 learns from the feature it reads."""
-    if version == 3:
-        layers = feature_layers or default_feature_layers(num_target_layers)
-        return FeatureSpec(layers=tuple(hidden_state_to_layer(i) for i in layers), final_normed=training)
-    if feature_source == "post_norm":
-        return FeatureSpec(final_normed=True)
-    return FeatureSpec(layers=(num_target_layers - 1,))  # the last layer's output, pre-norm
 
 
 # ---------------------------------------------------------------- the target's shared parts

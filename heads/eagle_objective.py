@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headway.features import FeatureSpec, TargetFeatures
+from headway.features import FeatureSpec, TargetFeatures, eagle_feature_spec
 from headway.heads.base import LossOutput, next_token_probs, shift_left
-from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter, eagle_feature_spec
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
 from headway.heads.soft_ce import projected_soft_ce
 
 

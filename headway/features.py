@@ -177,3 +177,30 @@ class LayerCapture:
             h.remove()
         self._handles = []
         return exc_type is _StopForward
+
+
+# What EAGLE drafters read, here in the core so that data/ (caches, features kept while generating)
+# needs nothing from heads/.
+
+
+def default_feature_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's reference choice: a low, a middle and a high layer (hidden_states indices)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def eagle_feature_spec(
+    version: int,
+    num_target_layers: int,
+    feature_layers: list[int] | None = None,
+    feature_source: str = "pre_norm",
+    training: bool = False,
+) -> FeatureSpec:
+    """The target features an EAGLE drafter reads, from its settings (no drafter needed: caching uses it).
+    training=True adds what the loss needs: EAGLE-3 learns from the target's distributions, i.e. its
+    final normed state; EAGLE-1 learns from the feature it reads."""
+    if version == 3:
+        layers = feature_layers or default_feature_layers(num_target_layers)
+        return FeatureSpec(layers=tuple(hidden_state_to_layer(i) for i in layers), final_normed=training)
+    if feature_source == "post_norm":
+        return FeatureSpec(final_normed=True)
+    return FeatureSpec(layers=(num_target_layers - 1,))  # the last layer's output, pre-norm

@@ -94,7 +94,8 @@ def fused(trained, spec: TreeSpec, accuracies, lookup: LookupDrafter | None = No
 
 def drafters(target, depth: int, vocab=None, echo: bool = True) -> dict:
     """name -> (drafter, tree spec) for every head type, untrained, on `target` (its device and dtype)."""
-    from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, default_feature_layers
+    from headway.features import default_feature_layers
+    from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
     from headway.heads.medusa import MedusaHeads
 
     dtype, L = next(target.parameters()).dtype, target.config.num_hidden_layers
@@ -222,7 +223,8 @@ def engine_phases(target, tokens: int, n_prompts: int, vocab, curve: dict[int, f
 def training_steps(target, vocab, steps: int, seq_len: int, device) -> dict:
     """A few optimizer steps of each head type on random rows: seconds per step and the losses."""
     from headway.data.features import OnlineFeatures
-    from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, default_feature_layers
+    from headway.features import default_feature_layers
+    from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
     from headway.heads.eagle_objective import EagleLossConfig, build_objective
     from headway.heads.medusa import MedusaHeads
     from headway.heads.medusa_loss import MedusaObjective

@@ -30,7 +30,7 @@ from headway.config import load_config
 from headway.data.dataset import collate, load_distilled, select_rows
 from headway.data.feature_cache import FeatureCache, with_split_column, write_cache
 from headway.data.features import BatchFeatures, OnlineFeatures
-from headway.heads.eagle import eagle_feature_spec
+from headway.features import eagle_feature_spec
 from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.heads.vocab import build_draft_vocab, coverage
 from headway.target import load_target, target_fingerprint

@@ -34,9 +34,9 @@ import torch
 from torch.autograd.profiler import record_function
 
 from headway.config import load_config
-from headway.features import TargetFeatures
+from headway.features import TargetFeatures, eagle_feature_spec
 from headway.heads import eagle_attention, eagle_objective
-from headway.heads.eagle import Eagle3Drafter, eagle_feature_spec
+from headway.heads.eagle import Eagle3Drafter
 from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.heads.vocab import DraftVocab
 from headway.memory import keep_freed_cpu_memory

@@ -4,7 +4,7 @@
     python scripts/evaluate_llamacpp.py --export exports/smollm2-eagle3-llamacpp --per-domain 10 --max-new-tokens 128
     python scripts/evaluate_llamacpp.py --export DIR --per-domain 1 --max-new-tokens 16 --out runs/eval/llamacpp-smoke
 
-Configurations (headway/llamacpp_eval.py): plain decoding with every target GGUF of the export (f16:
+Configurations (inference/llamacpp_eval.py): plain decoding with every target GGUF of the export (f16:
 headway's exact greedy output; the shipped Q4_1: the fastest plain choice), the drafter with each of
 them, llama.cpp's n-gram speculation types (--ngram) and the drafter combined with n-gram types
 (--combo-ngram), all with --primary as target. Spec-Bench by default; every prompt runs through every
@@ -29,12 +29,12 @@ from tqdm.auto import tqdm
 from headway.cli import run_main
 from headway.config import TargetConfig
 from headway.data.chat import first_turn_ids
+from headway.inference.llamacpp_ceiling import verify_cost
+from headway.inference.llamacpp_eval import NGRAM_TYPES, LlamaRunner, configs_for, read_manifest
+from headway.inference.llamacpp_report import llamacpp_markdown, llamacpp_report
 from headway.inference.questions import load_questions, skip_long_questions
 from headway.inference.report import markdown, table, write_report
 from headway.llamacpp import ensure_llamacpp
-from headway.llamacpp_ceiling import verify_cost
-from headway.llamacpp_eval import NGRAM_TYPES, LlamaRunner, configs_for, read_manifest
-from headway.llamacpp_report import llamacpp_markdown, llamacpp_report
 from headway.paths import resolve_path
 from headway.target import load_tokenizer
 

@@ -9,8 +9,8 @@ import torch
 from tiny_models import tiny_llama
 
 from headway.data.features import OnlineFeatures
-from headway.features import FeatureSpec
-from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, eagle_feature_spec, load_drafter
+from headway.features import FeatureSpec, eagle_feature_spec
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, load_drafter
 from headway.heads.eagle_attention import offset_causal_mask
 from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.heads.vocab import DraftVocab

@@ -7,16 +7,16 @@ import json
 
 import pytest
 
-from headway.inference.report import markdown
-from headway.llamacpp_ceiling import ceiling, expected_tau, parse_bench, reached
-from headway.llamacpp_eval import LlamaConfig, TurnRecord
-from headway.llamacpp_report import (
+from headway.inference.llamacpp_ceiling import ceiling, expected_tau, parse_bench, reached
+from headway.inference.llamacpp_eval import LlamaConfig, TurnRecord
+from headway.inference.llamacpp_report import (
     accepted_per_step,
     divergences,
     llamacpp_markdown,
     llamacpp_report,
     summarize_config,
 )
+from headway.inference.report import markdown
 
 CURVE = {1: 0.010, 2: 0.015, 4: 0.026, 8: 0.043, 16: 0.079}  # phase 1's relative costs 1.5 / 2.6 / 4.3 / 7.9
 

@@ -31,8 +31,8 @@ from headway.config import Config
 from headway.data.dataset import collate, select_rows
 from headway.data.feature_stats import FeatureMoments, generated_mask
 from headway.data.features import OnlineFeatures
-from headway.features import FeatureSpec, feature_key
-from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter, eagle_feature_spec
+from headway.features import FeatureSpec, eagle_feature_spec, feature_key
+from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
 from headway.heads.eagle_objective import EagleLossConfig, build_objective
 from headway.target import target_fingerprint
 from headway.train.loop import TrainResult

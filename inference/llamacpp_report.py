@@ -15,7 +15,7 @@ time; the drafter's own pass over the prompt shows there) is reported beside it.
 `report["llamacpp"]` adds, per configuration, per domain and overall: decode tokens/s, end-to-end
 tokens/s, tau, acceptance, speedups over plain with the same target GGUF and over the fastest plain
 configuration, identical answers to plain with the same target and where the others first differ;
-and the ceiling (headway/llamacpp_ceiling.py).
+and the ceiling (inference/llamacpp_ceiling.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict
 
+from headway.inference.llamacpp_ceiling import ceiling, reached
+from headway.inference.llamacpp_eval import LlamaConfig, TurnRecord
 from headway.inference.report import PLAIN, MethodRun, PromptResult, build_report
-from headway.llamacpp_ceiling import ceiling, reached
-from headway.llamacpp_eval import LlamaConfig, TurnRecord
 
 
 def forwards(r: TurnRecord) -> int:
