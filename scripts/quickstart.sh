@@ -4,13 +4,13 @@
 #   1. self-distills a small prompt mix          -> runs/quickstart/data (+ the heads' features, kept while generating)
 #   2. trains Medusa-1 heads on the frozen target -> runs/quickstart/medusa (+ head_accuracy.json)
 #   3. evaluates them with tree verification      -> runs/quickstart/eval (per-domain table, report.*)
-# The budget is smaller than the full recipes' (96 prompts per source, 6 epochs of Medusa-1, 3 Spec-Bench
+# The budget is smaller than the full recipes' (64 prompts per source, 4 epochs of Medusa-1, 3 Spec-Bench
 # questions per domain): the table shows the pipeline working, not the heads' best figures.
 # Outputs go under runs/quickstart/ (override with QUICKSTART_DIR). Rerunning resumes finished work.
 source "$(dirname "$0")/_env.sh"
 OUT=${QUICKSTART_DIR:-runs/quickstart}
-PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-96}
-EPOCHS=${EPOCHS:-6}
+PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-64}
+EPOCHS=${EPOCHS:-4}
 EVAL_PER_DOMAIN=${EVAL_PER_DOMAIN:-3}
 EVAL_TOKENS=${EVAL_TOKENS:-64}
 start=$(date +%s)
@@ -21,7 +21,7 @@ python scripts/prepare_target.py
 echo "== 1. self-distillation: the target answers $PROMPTS_PER_SOURCE prompts per source"
 python scripts/generate_data.py --config configs/smollm2-135m/data.yaml \
   data.output_dir="$OUT/data" data.max_prompts_per_source="$PROMPTS_PER_SOURCE" \
-  data.generation.max_new_tokens=192 data.features=[medusa]
+  data.generation.max_new_tokens=160 data.features=[medusa]
 
 echo "== 2. Medusa-1 heads on the frozen target (resumes from the newest checkpoint)"
 python train/medusa.py --config configs/smollm2-135m/medusa.yaml \

@@ -38,7 +38,7 @@ from headway.config import TrainConfig
 from headway.data.dataset import default_collate, row_lengths, select_rows
 from headway.distributed import wants_cpu
 from headway.features import TargetFeatures
-from headway.memory import keep_freed_cpu_memory, peak_memory
+from headway.memory import keep_freed_cpu_memory, peak_memory, release_if_above
 from headway.train.checkpoint import (
     TrainerState,
     checkpoint_dir,
@@ -329,6 +329,7 @@ def train(
             interval_tokens += int(batch["attention_mask"].sum())
         state.step += 1
         bar.update(1)
+        release_if_above()  # kept freed memory fragments across shapes: give it back past a bound
 
         last = state.step == total_steps
         if state.step % max(1, cfg.log_every) == 0 or last:
