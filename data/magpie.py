@@ -128,6 +128,7 @@ class PromptWriter:
             state["calls"] += 1
             state["rejected"] = dict(rejected)
             _save(progress_path, state)
+            self.log(f"{name}: {len(state['first'])} of {n} first turns written ({sum(rejected.values())} dropped)")
         if src.turns > 1:
             self._follow_ups(src, name, state, turns, rejected, progress_path)
         convs = state["conversations"] if src.turns > 1 else [[t] for t in state["first"]]
@@ -151,6 +152,7 @@ class PromptWriter:
             state["conversations"] += [[m["content"] for m in c if m["role"] == "user"] for c in chats]
             state["rejected"] = dict(rejected)
             _save(progress_path, state)
+            self.log(f"{name}: {len(state['conversations'])} of {len(state['first'])} conversations followed up")
 
     def _answer(self, chats: list[list[dict]], seed: int) -> list[str]:
         """The target's answer to each conversation (ending with a user turn), as data.generation says."""
