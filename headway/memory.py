@@ -2,7 +2,8 @@
 
     from headway.memory import keep_freed_cpu_memory, peak_memory, release_if_above
     keep_freed_cpu_memory()     # once, early in a CPU run; True where it took effect (Linux, glibc)
-    release_if_above(4.0)       # after a step: hand the heap's free pages back (malloc_trim) above 4 GB resident
+    bound = CreepBound()        # after each step: bound.after_step() hands the heap's free pages back (malloc_trim)
+                                # once resident memory has crept 2 GB past what the first steps settled at
     peak_memory(device)         # {"rss": GB resident at most so far, "cuda": GB allocated at most on device}
 
 glibc serves every block above its mmap threshold (at most 32 MiB) with a fresh mmap and unmaps it on
@@ -18,8 +19,10 @@ resident against 5.3 GB without it, for 85 s of CPU time over 6 steps against 13
 heap also fragments across the steps' differing shapes and resident memory creeps up with the step
 count (Medusa-1 on the quickstart data: 5.3 GB after 80 steps, 8.8 GB after 300, 13.2 GB after 954;
 3.4 GB without keeping, but 75% slower), so the training loop calls `release_freed_cpu_memory`
-(glibc's `malloc_trim`, which returns free pages inside the heap too) after any step that leaves more
-than `TRIM_ABOVE_GB` resident: the faults come back only on the steps after a release. The peak then
+(glibc's `malloc_trim`, which returns free pages inside the heap too) after any step that leaves memory
+resident past a `CreepBound`: `CREEP_MARGIN_GB` above the most the first `SETTLE_STEPS` steps left, and at
+least `TRIM_ABOVE_GB`. The bound is relative because a fixed one below a recipe's working set (EAGLE-3 keeps
+about 6 GB) would trim after every step and bring every fault back. The peak then
 grows with batch x max_seq_len only, never with the dataset (heads/soft_ce.py, heads/eagle_attention.py,
 data/feature_cache.py ShardFile). Elsewhere (macOS, musl, Windows) it does nothing. GLIBC_TUNABLES does the same from the shell:
 `GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736`.
@@ -29,13 +32,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
 M_TRIM_THRESHOLD = -1  # from glibc's malloc.h
 M_MMAP_MAX = -4
 _TRIM_THRESHOLD = 2**31 - 1  # mallopt takes a C int: keep up to 2 GiB of free heap top
 
-TRIM_ABOVE_GB = 4.0  # resident GB after a training step above which kept memory is released (train/loop.py)
+TRIM_ABOVE_GB = 4.0  # never release below this many resident GB (train/loop.py)
+CREEP_MARGIN_GB = 2.0  # release once resident memory is this far past the settled level
+SETTLE_STEPS = 3  # steps whose resident memory sets the settled level
 
 _applied: bool | None = None
 
@@ -64,9 +70,14 @@ def release_freed_cpu_memory() -> bool:
     """Return the heap's free pages to the OS (glibc `malloc_trim(0)`); a no-op unless keeping took effect."""
     if not _applied:
         return False
+    return bool(_malloc_trim()(0))
+
+
+@functools.cache
+def _malloc_trim():
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return bool(libc.malloc_trim(0))
+    return libc.malloc_trim
 
 
 def resident_gb() -> float | None:
@@ -87,6 +98,41 @@ def release_if_above(limit_gb: float = TRIM_ABOVE_GB) -> bool:
         return False
     rss = resident_gb()
     return rss is not None and rss > limit_gb and release_freed_cpu_memory()
+
+
+class CreepBound:
+    """Release kept memory after a step only when fragmentation has made it creep past the settled level.
+
+    The settled level is the most resident memory any of the first `settle_steps` steps left behind (the
+    kept working set); a later step that leaves more than `margin_gb` above it, and above `floor_gb`,
+    triggers `release_freed_cpu_memory`. Steady steps keep their pages, so their faults stay gone.
+    """
+
+    def __init__(self, floor_gb: float = TRIM_ABOVE_GB, margin_gb: float = CREEP_MARGIN_GB, settle_steps: int = SETTLE_STEPS):
+        self.floor_gb, self.margin_gb, self.settle_steps = floor_gb, margin_gb, settle_steps
+        self.settled_gb = 0.0
+        self.steps = 0
+        self.releases = 0
+
+    @property
+    def limit_gb(self) -> float:
+        return max(self.floor_gb, self.settled_gb + self.margin_gb)
+
+    def after_step(self) -> bool:
+        """Call once per step; True when this call released memory."""
+        if not _applied:
+            return False
+        rss = resident_gb()
+        if rss is None:
+            return False
+        self.steps += 1
+        if self.steps <= self.settle_steps:
+            self.settled_gb = max(self.settled_gb, rss)
+            return False
+        if rss > self.limit_gb and release_freed_cpu_memory():
+            self.releases += 1
+            return True
+        return False
 
 
 def peak_memory(device=None) -> dict[str, float]:

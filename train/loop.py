@@ -38,7 +38,7 @@ from headway.config import TrainConfig
 from headway.data.dataset import default_collate, row_lengths, select_rows
 from headway.distributed import wants_cpu
 from headway.features import TargetFeatures
-from headway.memory import keep_freed_cpu_memory, peak_memory, release_if_above
+from headway.memory import CreepBound, keep_freed_cpu_memory, peak_memory
 from headway.train.checkpoint import (
     TrainerState,
     checkpoint_dir,
@@ -283,6 +283,7 @@ def train(
     val_metrics: dict[str, float] = {}
     step_lrs = [g["lr"] for g in optimizer.param_groups]
     bar = tqdm(total=total_steps, initial=state.step, disable=not main, desc="train", dynamic_ncols=True)
+    memory_bound = CreepBound()
 
     while state.step < total_steps:
         if hasattr(objective, "set_step"):
@@ -329,7 +330,7 @@ def train(
             interval_tokens += int(batch["attention_mask"].sum())
         state.step += 1
         bar.update(1)
-        release_if_above()  # kept freed memory fragments across shapes: give it back past a bound
+        memory_bound.after_step()  # kept freed memory fragments across shapes: give it back once it creeps
 
         last = state.step == total_steps
         if state.step % max(1, cfg.log_every) == 0 or last:
@@ -364,6 +365,9 @@ def train(
         accelerator.unwrap_model(model).objective.save_pretrained(out_dir)
         summary = {"step": state.step, "tokens_seen": state.tokens_seen, "world_size": world, **val_metrics}
         summary.update({f"peak_{k}_gb": v for k, v in peak.items()})
+        if memory_bound.steps:  # CPU with kept memory: how often fragmentation forced a release
+            summary["memory_releases"] = memory_bound.releases
+            summary["memory_settled_gb"] = round(memory_bound.settled_gb, 3)
         (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         accelerator.print("validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(val_metrics.items())))
     accelerator.wait_for_everyone()
