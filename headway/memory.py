@@ -22,7 +22,7 @@ count (Medusa-1 on the quickstart data: 5.3 GB after 80 steps, 8.8 GB after 300,
 (glibc's `malloc_trim`, which returns free pages inside the heap too) after any step that leaves memory
 resident past a `CreepBound`: `CREEP_MARGIN_GB` above the most the first `SETTLE_STEPS` steps left, and at
 least `TRIM_ABOVE_GB`. The bound is relative because a fixed one below a recipe's working set (EAGLE-3 keeps
-about 6 GB) would trim after every step and bring every fault back. The peak then
+about 4.3 GB) would trim after every step and bring every fault back. The peak then
 grows with batch x max_seq_len only, never with the dataset (heads/soft_ce.py, heads/eagle_attention.py,
 data/feature_cache.py ShardFile). Elsewhere (macOS, musl, Windows) it does nothing. GLIBC_TUNABLES does the same from the shell:
 `GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736`.
@@ -122,17 +122,13 @@ class CreepBound:
         """Call once per step; True when this call released memory."""
         if not _applied:
             return False
-        rss = resident_gb()
-        if rss is None:
-            return False
         self.steps += 1
         if self.steps <= self.settle_steps:
-            self.settled_gb = max(self.settled_gb, rss)
+            self.settled_gb = max(self.settled_gb, resident_gb() or 0.0)
             return False
-        if rss > self.limit_gb and release_freed_cpu_memory():
-            self.releases += 1
-            return True
-        return False
+        released = release_if_above(self.limit_gb)
+        self.releases += released
+        return released
 
 
 def peak_memory(device=None) -> dict[str, float]:

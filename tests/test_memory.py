@@ -26,6 +26,14 @@ print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSA
 """
 
 
+def _probe(code: str) -> dict:
+    """Run a probe in a fresh interpreter; skip where keeping freed memory takes no effect (not glibc)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode and "AssertionError" in out.stderr:
+        pytest.skip("not glibc: keep_freed_cpu_memory is a no-op here")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _faults(mode: str) -> dict:
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -60,10 +68,7 @@ print(json.dumps({"kept": kept, "below": below, "after_below": after_below, "rel
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc is what is being tuned")
 def test_kept_memory_is_released_past_the_bound():
-    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True, text=True)
-    if out.returncode and "AssertionError" in out.stderr:
-        pytest.skip("not glibc: keep_freed_cpu_memory is a no-op here")
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = _probe(RELEASE_PROBE)
     # 600 MiB freed but kept: resident until released, then handed back
     assert not r["below"] and r["after_below"] > r["kept"] - 0.1, r
     assert r["released"] and r["after"] < r["kept"] - 0.5, r
@@ -90,10 +95,7 @@ print(json.dumps({"settle": settle, "steady": steady, "grown": grown, "settled":
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc is what is being tuned")
 def test_creep_bound_releases_only_past_the_settled_level():
-    out = subprocess.run([sys.executable, "-c", CREEP_PROBE], capture_output=True, text=True)
-    if out.returncode and "AssertionError" in out.stderr:
-        pytest.skip("not glibc: keep_freed_cpu_memory is a no-op here")
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = _probe(CREEP_PROBE)
     assert r["settle"] == [False, False] and r["steady"] == [False] * 3, r  # the working set stays kept
     assert r["grown"][0] and r["releases"] >= 1, r  # crept 300 MiB past the settled level: released
     assert r["after"] < r["settled"] + 0.3, r
