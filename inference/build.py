@@ -171,7 +171,7 @@ def _trained_setup(cfg: Config, checkpoint, target, tokenizer, layer_skip, curve
 
 def lookup_drafter(cfg: Config) -> LookupDrafter:
     lk = cfg.inference.lookup
-    return LookupDrafter(lk.max_ngram, lk.min_ngram, lk.max_tokens, lk.num_candidates)
+    return LookupDrafter(lk.max_ngram, lk.min_ngram, lk.max_tokens, lk.num_candidates, lk.tokens_per_ngram)
 
 
 def lookup_setup(cfg: Config, target, tokenizer) -> EngineSetup:

@@ -92,6 +92,14 @@ def test_offline_training_equals_online_and_loads(recipe, tmp_path):
     assert {f"val/acc_step{i}" for i in (1, 2, 3)} <= set(val)
     assert all(m["train/tokens_per_s"] > 0 for m in metrics if m["kind"] == "train")
 
+    # The run saved its measured accuracy profile, and tree_budget: auto builds from it.
+    profile = json.loads((tmp_path / "offline" / "head_accuracy.json").read_text())
+    assert profile["depths"] >= 3 and profile["rows"] == 4 and len(profile["accuracy"]) == profile["depths"]
+    assert all(0 <= a <= 1 for accs in profile["accuracy"] for a in accs)
+    assert all(accs == sorted(accs) for accs in profile["accuracy"])  # top-j never falls as j grows
+    # scored online (head_accuracy) where training scored from the cache: the same pairs, top-1 within a flip or two
+    assert profile["accuracy"][0][0] == pytest.approx(val["val/acc_step1"], abs=0.02)
+
 
 def test_offline_refuses_a_cache_for_other_layers(recipe, tmp_path):
     from headway.train import cache_features

@@ -48,6 +48,16 @@ def test_longest_match_first_then_most_recent():
     assert one == [(3, [3, 2])]
 
 
+def test_a_short_match_drafts_a_short_candidate():
+    ix = NgramIndex(1, 3)
+    ix.extend([5, 1, 2, 3, 4, 5, 6, 7, 9, 2, 8, 8, 8, 8, 8, 5, 1])
+    # (5, 1, 2) matched: 3 x 2 = 6 tokens; the 1-gram (2,) at 10: 2 tokens only (not the cap of 8)
+    assert ix.candidates(root=2, length=8, count=3, per_ngram=2) == [(3, [3, 4, 5, 6, 7, 9]), (1, [8, 8])]
+    assert ix.candidates(root=2, length=8, count=3) == [(3, [3, 4, 5, 6, 7, 9, 2, 8]), (1, [8, 8, 8, 8, 8, 5, 1, 2])]
+    with pytest.raises(ValueError, match="tokens_per_ngram"):
+        LookupDrafter(tokens_per_ngram=0)
+
+
 def test_candidates_run_past_the_present_periodically_and_skip_prefixes():
     ix = NgramIndex(1, 4)
     ix.extend([6, 6, 6])

@@ -287,4 +287,14 @@ def run_recipe(head: HeadRecipe, argv: list[str] | None, doc: str) -> int:
         return 1
     accelerator.print(head.summary(cfg, result))
     accelerator.print(format_peak(result.peak_memory))
+    if tc.accuracy_profile and run.ds.get("validation") is not None and accelerator.is_main_process:
+        write_accuracy_profile(tc.output_dir, accelerator.print)
     return 0
+
+
+def write_accuracy_profile(checkpoint: str, log=print) -> None:
+    """head_accuracy.json beside the saved heads, so inference builds its trees from what they measured."""
+    from headway.inference import head_accuracy  # inference imports train's data order: import late
+
+    log(f"accuracy profile: scoring the validation split per depth -> {Path(checkpoint) / 'head_accuracy.json'}")
+    head_accuracy.main(["--checkpoint", checkpoint])

@@ -7,7 +7,7 @@ Per row the drafter keeps the token history (prompt + every accepted token) and 
 {n-gram -> positions right after each occurrence} for n in [min_ngram, max_ngram], extended as
 tokens are observed, so a step never scans the history. `draft(root)` looks up the history's suffix
 ending in root: the longest n first, then the most recent occurrence; the max_tokens tokens after
-an occurrence are one candidate (continued periodically where it runs into the present), and up to num_candidates distinct candidates are merged into a
+an occurrence (at most tokens_per_ngram x n of them: a short match is more often wrong) are one candidate (continued periodically where it runs into the present), and up to num_candidates distinct candidates are merged into a
 trie (shared prefixes once), at most `spec.num_nodes` nodes per row.
 
 Candidates are picked without looking at the target's randomness, so q is one-hot (`DraftTree.q`
@@ -46,9 +46,12 @@ class NgramIndex:
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 starts.setdefault(tuple(hist[end - n :]), []).append(end)
 
-    def candidates(self, root: int, length: int, count: int) -> list[tuple[int, list[int]]]:
-        """Up to `count` distinct continuations of (history + root), each up to `length` tokens, as
-        (matched n, tokens): the longest match first, then the most recent occurrence."""
+    def candidates(
+        self, root: int, length: int, count: int, per_ngram: int | None = None
+    ) -> list[tuple[int, list[int]]]:
+        """Up to `count` distinct continuations of (history + root), each up to `length` tokens (and
+        `per_ngram` x n for an n-token match), as (matched n, tokens): the longest match first, then
+        the most recent occurrence."""
         hist = self.tokens
         T = len(hist)
         out: list[tuple[int, list[int]]] = []
@@ -57,11 +60,12 @@ class NgramIndex:
             occ = self.starts.get(tuple(hist[T - n + 1 :]) + (root,) if n > 1 else (root,))
             if not occ:
                 continue
+            span = length if per_ngram is None else min(length, per_ngram * n)
             for start in occ[: -SCAN_PER_CANDIDATE * count - 1 : -1]:
-                cont = hist[start : start + length]
+                cont = hist[start : start + span]
                 # Past the history's end the match continues into root, then into its own
                 # continuation (period T + 1 - start): a repeated phrase drafts full-length.
-                for i in range(start + len(cont), start + length):
+                for i in range(start + len(cont), start + span):
                     cont.append(root if i == T else cont[i - T - 1])
                 key = tuple(cont)
                 if any(s[: len(key)] == key for s in seen):  # adds no node to the trie
@@ -74,7 +78,14 @@ class NgramIndex:
 
 
 class LookupDrafter:
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_tokens: int = 10, num_candidates: int = 3):
+    def __init__(
+        self,
+        max_ngram: int = 4,
+        min_ngram: int = 1,
+        max_tokens: int = 10,
+        num_candidates: int = 3,
+        tokens_per_ngram: int | None = None,
+    ):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"lookup: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if max_tokens < 1 or num_candidates < 1:
@@ -82,7 +93,10 @@ class LookupDrafter:
                 f"lookup: max_tokens and num_candidates must be >= 1, got {max_tokens}, {num_candidates}"
             )
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        if tokens_per_ngram is not None and tokens_per_ngram < 1:
+            raise ValueError(f"lookup: tokens_per_ngram must be >= 1 (or None), got {tokens_per_ngram}")
         self.max_tokens, self.num_candidates = max_tokens, num_candidates
+        self.tokens_per_ngram = tokens_per_ngram
         self.rows: list[NgramIndex] = []
 
     @property
@@ -107,7 +121,7 @@ class LookupDrafter:
     def candidates(self, roots: list[int]) -> list[list[tuple[int, list[int]]]]:
         """Per row: (matched n, continuation) pairs, best first."""
         return [
-            row.candidates(r, self.max_tokens, self.num_candidates)
+            row.candidates(r, self.max_tokens, self.num_candidates, self.tokens_per_ngram)
             for row, r in zip(self.rows, roots, strict=True)
         ]
 
