@@ -26,8 +26,7 @@ python scripts/generate_data.py --config configs/smollm2-135m/data.yaml \
 echo "== 2. Medusa-1 heads on the frozen target (resumes from the newest checkpoint)"
 python train/medusa.py --config configs/smollm2-135m/medusa.yaml \
   data.output_dir="$OUT/data" train.output_dir="$OUT/medusa" \
-  train.epochs="$EPOCHS" train.eval_every=100 train.save_every=100
-python scripts/head_accuracy.py --checkpoint "$OUT/medusa"
+  train.epochs="$EPOCHS" train.eval_every=100 train.save_every=100   # ends by writing head_accuracy.json
 
 echo "== 3. per-domain evaluation: plain vs Medusa tree verification vs prompt lookup"
 echo "   (quickstart budget: $PROMPTS_PER_SOURCE prompts per source, $EPOCHS epochs, $EVAL_PER_DOMAIN questions per domain, $EVAL_TOKENS new tokens per turn)"

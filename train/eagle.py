@@ -11,7 +11,8 @@ embedding and head are still loaded, the drafter shares them; a single-process r
 missing cache first). With `eagle.feature_norm: per_dim` the per-dimension std of the target
 features on generated tokens (offline: the whole train split, from the cache; online: the first
 `eagle.norm_stats_rows` train rows, kept in train.output_dir/feature_stats.safetensors) is stored in the
-drafter as `feature_scale`. The shared steps are in train/recipe.py.
+drafter as `feature_scale`. The run ends by writing head_accuracy.json (the drafter unrolled over the
+validation split, per depth: the profile `tree_budget: auto` reads). The shared steps are in train/recipe.py.
 
 Writes train.output_dir/{config.json, model.safetensors}, checkpoints/, metrics.jsonl (per-step
 val/acc_step{i}, val/ce_step{i}, train/tokens_per_s), train_summary.json.

@@ -7,7 +7,8 @@
     python scripts/cache_features.py --config configs/smollm2-135m/medusa.yaml     # only the offline cache
     python scripts/head_accuracy.py --checkpoint runs/smollm2-135m/medusa
 
-Writes train.output_dir/{config.json, model.safetensors} (+ lora/ for Medusa-2), checkpoints/, metrics.jsonl.
+Writes train.output_dir/{config.json, model.safetensors} (+ lora/ for Medusa-2), checkpoints/, metrics.jsonl,
+and head_accuracy.json (the validation split scored per head: the profile trees are built from).
 With `medusa.hidden_states: offline` the target's final normed states are extracted once into
 medusa.feature_cache_dir (resumable; a single-process run builds it first, or
 `python scripts/cache_features.py --config <recipe>` does just that) and training reads them from there:
