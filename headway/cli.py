@@ -7,7 +7,8 @@ Expected errors are bad input and refusals: config errors, missing or malformed 
 other settings, a non-finite loss (ValueError, the file-system errors of a missing or wrong path, and
 UserError). They print one line on stderr and exit 1; `HEADWAY_DEBUG=1`, or `--debug` anywhere on the
 command line, raises them with their traceback instead. Any other exception is a bug and keeps its
-traceback. Usage errors stay argparse's (exit 2).
+traceback. Usage errors stay argparse's (exit 2). Ctrl-C prints one line and exits 130: what a command
+had saved stays (generation and training resume from it on a rerun).
 """
 
 from __future__ import annotations
@@ -42,3 +43,8 @@ def run_main(main: Callable[[list[str]], int | None], argv: list[str] | None = N
             raise
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted: what was saved is kept (rerun the same command to resume generation or training)", file=sys.stderr)
+        return 130

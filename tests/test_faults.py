@@ -298,6 +298,20 @@ def test_every_entry_prints_one_error_line_and_a_traceback_only_when_asked(medus
         run_main(evaluate, ["--config", str(medusa_recipe), "--questions", "x"])
 
 
+def test_ctrl_c_prints_one_line_and_exits_130(monkeypatch, capsys):
+    from headway.cli import run_main
+
+    def stopped(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("HEADWAY_DEBUG", raising=False)
+    assert run_main(stopped, []) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().startswith("interrupted") and len(err.strip().splitlines()) == 1
+    with pytest.raises(KeyboardInterrupt):
+        run_main(stopped, ["--debug"])
+
+
 def test_arguments_are_checked_before_the_target_loads(monkeypatch, capsys):
     from headway.inference import evaluate
 
