@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,12 @@ CMAKE_FLAGS = (
     "-DBUILD_SHARED_LIBS=OFF",  # static binaries: the cache folder can be moved, no rpath into a build tree
     "-DLLAMA_BUILD_TESTS=OFF",
 )
+# No AMX on x86: on an AMX CPU (a Xeon here, 2026-12-01) GGML_NATIVE compiles ggml's AMX kernels, and
+# llama-server with an EAGLE-3 q8_0 draft died in them (SIGILL at `tilezero` in
+# tinygemm_kernel_amx<block_q8_0>). An explicit -mno-* wins over -march=native's flags (GCC, Clang).
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if platform.machine().lower() in ("x86_64", "amd64"):
+    CMAKE_FLAGS += (f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
 CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion", "gguf-py", "LICENSE")
 MARKER = "headway_llamacpp.json"  # written last: its presence means the folder is complete
 
@@ -98,8 +105,6 @@ def cpu_fingerprint() -> str:
             line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags", "Features"))
         )
     except (OSError, StopIteration):
-        import platform
-
         flags = platform.machine() + platform.processor()
     return hashlib.sha256(" ".join(sorted(flags.split(":", 1)[-1].split())).encode()).hexdigest()[:12]
 
