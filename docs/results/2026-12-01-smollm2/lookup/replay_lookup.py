@@ -7,16 +7,20 @@ An experiment of 2026-12-01 (not a maintained tool): it re-implements the lookup
 inference/drafters/lookup.py in plain Python so variants can be compared on the same text; COST is the
 verify-cost curve of the 2026-12-01 EAGLE-3 report (2-core CPU without AMX).
 """
-import json, sys, torch
+import json
+import sys
+
+import torch
+
 from headway.config import TargetConfig
-from headway.target import load_target
-from headway.inference.questions import load_questions
 from headway.data.chat import first_turn_ids
+from headway.inference.questions import load_questions
+from headway.target import load_target
 
 COST = {1: 1.0, 2: 1.04, 4: 1.09, 8: 1.23, 12: 1.35, 16: 1.45, 24: 1.67, 32: 1.90}
 def cost(n):
     ks = sorted(COST)
-    for a, b in zip(ks, ks[1:]):
+    for a, b in zip(ks, ks[1:], strict=False):
         if a <= n <= b:
             return COST[a] + (COST[b] - COST[a]) * (n - a) / (b - a)
     return COST[32]
@@ -78,7 +82,6 @@ def nodes(cands):
     return len(trie)
 
 def simulate(rows, **kw):
-    tot_tok = tot_steps = tot_cost = 0
     per_dom = {}
     for r in rows:
         seq = r["prompt"] + r["answer"]
@@ -100,11 +103,13 @@ def simulate(rows, **kw):
             c += cost(1 + nodes(cands))
             t += best + 1
         d = per_dom.setdefault(r["domain"], [0, 0, 0.0])
-        d[0] += len(A) - 1; d[1] += steps; d[2] += c
+        d[0] += len(A) - 1
+        d[1] += steps
+        d[2] += c
     out = {}
     for dom, (tok, st, c) in sorted(per_dom.items()):
         out[dom] = (tok / st, tok / c)
-    T = sum(v[0] for v in per_dom.values()); S = sum(v[1] for v in per_dom.values()); C = sum(v[2] for v in per_dom.values())
+    T, S, C = (sum(v[i] for v in per_dom.values()) for i in range(3))
     out["all"] = (T / S, T / C)
     return out
 
