@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from headway.bench import timed
+from headway.bench import hardware, timed
 from headway.cli import run_main
 from headway.config import load_config
 from headway.data.chat import first_turn_ids, next_turn_ids
@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint": args.checkpoint,
         "target": cfg.target.name,
         "device": str(device),
+        "hardware": hardware(device),
         "dtype": str(dtype).replace("torch.", ""),
         "tree": setup.info["tree"],
         "budget": setup.info["budget"],

@@ -212,7 +212,8 @@ def markdown(report: dict) -> str:
     out = [
         f"# Speculative decoding report: {report.get('method', '?')}",
         "",
-        f"- target: {report.get('target')}, device {report.get('device')}, dtype {report.get('dtype')}",
+        f"- target: {report.get('target')}, device {report.get('device')}, dtype {report.get('dtype')}"
+        + (f" ({report['hardware']})" if report.get("hardware") else ""),
         f"- tree: {json.dumps({k: v for k, v in report.get('tree', {}).items() if k != 'paths'})}, "
         f"budget {report.get('budget')} ({report.get('budget_source')})",
         f"- accuracy profile: {report.get('accuracies', 'not recorded')}",

@@ -231,4 +231,5 @@ def test_evaluate_script_end_to_end(tiny_target, smol_tok, tmp_path):
     assert rep["overall"]["methods"]["hf-prompt-lookup"]["tau"] >= 1
     assert "medusa+lookup" in (out / "report.md").read_text() and "(draft + accept) / verify" in (out / "report.md").read_text()
     assert rep["dtype"] == "float32" and rep["budget"] == 8 and rep["verify_cost"]
+    assert "threads" in rep["hardware"] and rep["hardware"] in (out / "report.md").read_text()  # the machine, named
     assert (out / "report.md").read_text().count("|") > 20 and (out / "report.png").stat().st_size > 1000
