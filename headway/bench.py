@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 import os
+import platform
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -79,23 +81,31 @@ def measure(device: torch.device):
             m.peak_bytes = max(0, peak - base)
 
 
+def cpu_info() -> tuple[str, list[str]]:
+    """(model name, instruction-set flags) of this CPU, from /proc/cpuinfo ("flags" on x86, "Features" on
+    ARM); elsewhere platform's names, split like flags."""
+    model, flags = None, None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and model is None:
+                model = value.strip()
+            elif key in ("flags", "Features") and flags is None:
+                flags = value.split()
+    except OSError:
+        pass
+    if flags is None:
+        flags = (platform.machine() + platform.processor()).split()
+    return model or platform.processor() or platform.machine() or "unknown CPU", flags
+
+
 def hardware(device: torch.device) -> str:
     """What the timings ran on, for reports: figures from different machines do not compare (a CPU with
     AMX verifies 16 tokens for the cost of one; one without pays 1.45x)."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
-    model, flags = "unknown CPU", set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown CPU":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        import platform
-
-        model = platform.processor() or platform.machine() or model
+    model, flags = cpu_info()
     extras = [name for flag, name in (("avx512f", "AVX-512"), ("amx_tile", "AMX")) if flag in flags]
     return ", ".join([model, f"{torch.get_num_threads()} threads", *extras])
 

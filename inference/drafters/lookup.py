@@ -7,8 +7,9 @@ Per row the drafter keeps the token history (prompt + every accepted token) and 
 {n-gram -> positions right after each occurrence} for n in [min_ngram, max_ngram], extended as
 tokens are observed, so a step never scans the history. `draft(root)` looks up the history's suffix
 ending in root: the longest n first, then the most recent occurrence; the max_tokens tokens after
-an occurrence (at most tokens_per_ngram x n of them: a short match is more often wrong) are one candidate (continued periodically where it runs into the present), and up to num_candidates distinct candidates are merged into a
-trie (shared prefixes once), at most `spec.num_nodes` nodes per row.
+an occurrence (at most tokens_per_ngram x n of them: a short match is more often wrong) are one
+candidate (continued periodically where it runs into the present), and up to num_candidates distinct
+candidates are merged into a trie (shared prefixes once), at most `spec.num_nodes` nodes per row.
 
 Candidates are picked without looking at the target's randomness, so q is one-hot (`DraftTree.q`
 None): greedy and sampling acceptance both stay exact (see `accept_sampling`). A step where no row
@@ -92,9 +93,9 @@ class LookupDrafter:
             raise ValueError(
                 f"lookup: max_tokens and num_candidates must be >= 1, got {max_tokens}, {num_candidates}"
             )
-        self.min_ngram, self.max_ngram = min_ngram, max_ngram
         if tokens_per_ngram is not None and tokens_per_ngram < 1:
             raise ValueError(f"lookup: tokens_per_ngram must be >= 1 (or None), got {tokens_per_ngram}")
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.max_tokens, self.num_candidates = max_tokens, num_candidates
         self.tokens_per_ngram = tokens_per_ngram
         self.rows: list[NgramIndex] = []
