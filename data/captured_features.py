@@ -83,15 +83,16 @@ def write_manifest(
     target_fingerprint: dict,
     datasets: dict,
     places: dict[str, list[tuple[int, int]]],
-    n_shards: int,
+    shards: list[int],
     moved: bool,
 ) -> FeatureCache:
-    """The cache's manifest over the shard files; places[split][i] = (shard, row in shard) of split row i.
+    """The cache's manifest over the files of `shards`; places[split][i] = (shard, row in shard) of split row i.
 
     moved: the split moved a row against its prompt_id's verdict (tiny runs keep both splits non-empty),
     so the shards' train moments do not cover exactly the train split: they are recomputed from the rows."""
     folder = Path(folder)
-    files = [{"path": shard_file(k), "bytes": (folder / shard_file(k)).stat().st_size} for k in range(n_shards)]
+    files = [{"path": shard_file(k), "bytes": (folder / shard_file(k)).stat().st_size} for k in shards]
+    file_of = {k: i for i, k in enumerate(shards)}
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -103,7 +104,7 @@ def write_manifest(
         "datasets": {s: dataset_fingerprint(datasets[s]) for s in places},
         "files": files,
         "splits": {
-            s: {"num_rows": len(p), "rows": {"file": [f for f, _ in p], "local": [i for _, i in p]}} for s, p in places.items()
+            s: {"num_rows": len(p), "rows": {"file": [file_of[k] for k, _ in p], "local": [i for _, i in p]}} for s, p in places.items()
         },
         "stats_file": STATS_FILE,
         "complete": False,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import time
 import zlib
 from collections import Counter, defaultdict
@@ -97,6 +98,14 @@ def is_validation(prompt_id: str, val_fraction: float) -> bool:
     return zlib.crc32(prompt_id.encode()) % 10_000 < val_fraction * 10_000
 
 
+def answer_order(n_shards: int, seed: int) -> list[int]:
+    """The order shards are answered in: shuffled, because shards hold the sources one after another, so
+    that the shards finished at any moment mix every domain (`--partial` can train on them)."""
+    order = list(range(n_shards))
+    random.Random(f"{seed}:shard-order").shuffle(order)
+    return order
+
+
 def plan(
     cfg: Config, tok, writer: PromptWriter | None = None, max_context: int = 1 << 30
 ) -> tuple[list[list[tuple[Conversation, list[int]]]], Counter]:
@@ -127,9 +136,12 @@ def load_backend(cfg: Config, device):
     return load_target(cfg.target, device=device)
 
 
-def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fingerprint: dict | None = None) -> dict:
+def distill(
+    cfg: Config, model=None, tok=None, after_shard=None, log=print, fingerprint: dict | None = None, partial: bool = False
+) -> dict:
     """Generate (or finish generating) the dataset of `cfg.data`; return the summary.
 
+    `partial`: generate nothing; assemble the shards finished so far (a rerun without it finishes the rest).
     `after_shard(k)` runs after shard k is saved (tests interrupt there); `fingerprint` replaces
     the target's computed identity (for stand-in models in tests).
     """
@@ -172,11 +184,14 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
     if not state.is_main_process:
         shards, prompt_skips = plan(cfg, tok, writer, max_context)
     planned = Counter(c.domain for shard in shards for c, _ in shard)
-    mine = [k for k in range(len(shards)) if k % state.num_processes == state.process_index]
-    todo = [k for k in mine if not (shards_dir / f"shard-{k:05d}.json").is_file()]
-    n_answers = sum(sum(len(c.turns) for c, _ in shards[k]) for k in todo)
-    if len(todo) < len(mine):
+    mine = {k for k in range(len(shards)) if k % state.num_processes == state.process_index}
+    todo = [k for k in answer_order(len(shards), cfg.data.seed) if k in mine and not (shards_dir / f"shard-{k:05d}.json").is_file()]
+    if partial:
+        log(f"--partial: assembling the {len(shards) - len(todo)} finished shards of {len(shards)}, generating nothing")
+        todo = []
+    elif len(todo) < len(mine):
         log(f"resuming: {len(mine) - len(todo)} of {len(mine)} shards already done")
+    n_answers = sum(sum(len(c.turns) for c, _ in shards[k]) for k in todo)
     bar = tqdm(total=n_answers, desc="answers", unit="ans", disable=not state.is_local_main_process or n_answers == 0)
     t0, done_tokens, clock = time.perf_counter(), 0, ShardClock()
 
@@ -211,7 +226,7 @@ def distill(cfg: Config, model=None, tok=None, after_shard=None, log=print, fing
     summary = None
     if state.is_main_process:
         summary = assemble(
-            cfg, out, len(shards), prompt_skips, time.perf_counter() - t0, planned, capture, ident
+            cfg, out, len(shards), prompt_skips, time.perf_counter() - t0, planned, capture, ident, partial
         )
         log(format_summary(summary))
     state.wait_for_everyone()
@@ -227,20 +242,23 @@ def assemble(
     planned: Counter | None = None,
     capture: FeatureSpec | None = None,
     ident: dict | None = None,
+    partial: bool = False,
 ) -> dict:
     """Join the shards into the train/validation DatasetDict (and, with `capture`, the feature cache kept
     while generating) and write the summary.
 
     `planned`: conversations sent to the target, per domain (the summary's `prompts` column).
+    `partial`: join the shards that exist and name the missing ones in the summary, instead of refusing.
     """
     from datasets import Dataset, DatasetDict, DatasetInfo
 
+    shard_ids = [k for k in range(n_shards) if (out / SHARDS_SUBDIR / f"shard-{k:05d}.json").is_file()]
+    if not partial and len(shard_ids) < n_shards:
+        missing = sorted(set(range(n_shards)) - set(shard_ids))
+        raise RuntimeError(f"shard {out / SHARDS_SUBDIR / f'shard-{missing[0]:05d}.json'} is missing: rerun generation to finish it")
     rows, skipped, gen_tokens, gen_seconds = [], Counter(prompt_skips), 0, 0.0
-    for k in range(n_shards):
-        path = out / SHARDS_SUBDIR / f"shard-{k:05d}.json"
-        if not path.is_file():
-            raise RuntimeError(f"shard {path} is missing: rerun generation to finish it")
-        shard = json.loads(path.read_text())
+    for k in shard_ids:
+        shard = json.loads((out / SHARDS_SUBDIR / f"shard-{k:05d}.json").read_text())
         rows += [(r, (k, i)) for i, r in enumerate(shard["rows"])]  # with its place in the shard's features
         skipped.update(shard["stats"]["skipped"])
         gen_tokens += shard["stats"]["gen_tokens"]
@@ -280,7 +298,7 @@ def assemble(
         places = {name: [place for _, place in split[name]] for name in ("train", "validation")}
         ident = ident or meta["identity"]
         feature_cache = write_manifest(
-            out / FEATURES_SUBDIR, capture, getattr(torch, ident["dtype"]), ident["target"], dd, places, n_shards, moved
+            out / FEATURES_SUBDIR, capture, getattr(torch, ident["dtype"]), ident["target"], dd, places, shard_ids, moved
         )
     rows = [r for r, _ in rows]
 
@@ -306,6 +324,8 @@ def assemble(
         "generated_tokens_per_s": round(gen_tokens / gen_seconds, 1) if gen_seconds else None,
         "this_run_seconds": round(run_seconds, 1),
     }
+    if len(shard_ids) < n_shards:
+        summary["partial"] = {"shards": len(shard_ids), "of": n_shards}
     if feature_cache is not None:
         spec = feature_cache.spec
         summary["features"] = {
@@ -331,6 +351,9 @@ def format_summary(s: dict) -> str:
         f"{d:<16}{v.get('prompts', ''):>9}{v['examples']:>10}{v.get('answers', ''):>9}{v['generated_tokens']:>12}"
         for d, v in s["per_domain"].items()
     ]
+    if "partial" in s:
+        p = s["partial"]
+        lines.append(f"PARTIAL: {p['shards']} of {p['of']} shards (rerun without --partial to finish the rest)")
     lines.append("skipped: " + (", ".join(f"{k}: {v}" for k, v in s["skipped"].items()) or "none"))
     if "features" in s:
         f = s["features"]

@@ -50,8 +50,37 @@ def test_generation_keeps_one_cache_equal_to_a_fresh_forward(tmp_path, tiny_smol
     assert summary["features"]["layers"] == [0] and summary["features"]["final_normed"]
     ds = load_distilled(cfg.data.output_dir)
     cache = FeatureCache(tmp_path / "data" / "features")
-    cache.check(SPEC, datasets=ds, max_len=4096)  # rows are whole: any max_seq_len is covered
     assert cache.bytes_on_disk == sum(f.stat().st_size for f in (tmp_path / "data/features/shards").glob("*.safetensors"))
+    _check_cache_equals_a_fresh_forward(tiny_smol_vocab, ds, cache)
+
+
+def test_partial_assembly_holds_the_finished_shards_and_their_features(tmp_path, tiny_smol_vocab, smol_tok):
+    cfg = _cfg(tmp_path, KEPT)
+    quiet = dict(model=tiny_smol_vocab, tok=smol_tok, log=lambda *_: None)
+    finished = []
+
+    def stop_after_two(k):
+        finished.append(k)
+        if len(finished) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        distill(cfg, after_shard=stop_after_two, **quiet)
+    summary = distill(cfg, partial=True, **quiet)
+    assert summary["partial"] == {"shards": 2, "of": 3}  # 5 prompts, 2 per shard
+    ds = load_distilled(cfg.data.output_dir)
+    rows = json.loads((tmp_path / "data/shards" / f"shard-{finished[1]:05d}.json").read_text())["rows"]
+    held = {r["prompt_id"] for split in ds.values() for r in split}
+    assert {r["prompt_id"] for r in rows} <= held and len(held) == summary["examples"] < len(PROMPTS)
+    _check_cache_equals_a_fresh_forward(tiny_smol_vocab, ds, FeatureCache(tmp_path / "data" / "features"))
+
+    summary = distill(cfg, **quiet)  # finishes the last shard and assembles everything
+    assert "partial" not in summary and summary["examples"] == len(PROMPTS)
+    _check_cache_equals_a_fresh_forward(tiny_smol_vocab, load_distilled(cfg.data.output_dir), FeatureCache(tmp_path / "data" / "features"))
+
+
+def _check_cache_equals_a_fresh_forward(tiny_smol_vocab, ds, cache):
+    cache.check(SPEC, datasets=ds, max_len=4096)  # rows are whole: any max_seq_len is covered
     fresh = OnlineFeatures(tiny_smol_vocab, SPEC)
     for split in ("train", "validation"):
         for i, row in enumerate(ds[split]):
