@@ -81,10 +81,14 @@ def _malloc_trim():
 
 
 def resident_gb() -> float | None:
-    """This process's resident memory now, in GB (Linux; None elsewhere)."""
+    """This process's anonymous resident memory (its heap) now, in GB (Linux; None elsewhere).
+
+    Resident file pages (the shared libraries) are left out: they come and go with the page cache, so
+    another process's memory use would otherwise move the bounds below."""
     try:
         with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
+            fields = f.read().split()
+            pages = int(fields[1]) - int(fields[2])  # resident - resident shared (file-backed)
     except (OSError, ValueError, IndexError):
         return None
     import os
