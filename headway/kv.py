@@ -52,7 +52,8 @@ def select_rows(cache: Cache, keep: torch.Tensor) -> None:
 # ---------------------------------------------------------------- a preallocated window of per-row slots
 
 
-CAPACITY_STEP = 64  # slots a SlotCache grows or shrinks by
+CAPACITY_STEP = 64  # slots a group's buffers grow or shrink by
+GROUP_ROWS = 8  # rows per group of buffers: a decode step attends group by group, each over its own width
 SLOT_ATTENTION = "headway_slot_decode"  # the attention function `decode_attention` switches a model to
 
 
@@ -65,58 +66,94 @@ class SlotCache(Cache):
         cache.select(keep)            # keep only these rows (their order becomes the new row order)
 
     Row r holds its sequence in slots 0..len_r - 1; a forward writes each row's new keys and values at
-    slots starts[r] + j in place (index_copy_, no concatenation). A forward over every row (a decode
-    step) attends over the whole buffers, kept contiguous and at most CAPACITY_STEP slots wider than
-    the longest row (they grow and shrink by that step, a copy each time); a forward over some rows (a
-    prefill) gathers their slots 0..window - 1, window = max(starts + n). Which slots a row may see is
-    the caller's additive mask: the cache keeps no lengths. Rows that write fewer than n real tokens
-    (right padding) leave garbage past their length, masked out and overwritten by their next tokens.
+    slots starts[r] + j in place (index_copy_, no concatenation). Which slots a row may see is the
+    caller's additive mask: the cache keeps no lengths. Rows that write fewer than n real tokens (right
+    padding) leave garbage past their length, masked out and overwritten by their next tokens.
+
+    The rows are kept in groups of `group_rows` (rows 0..7, 8..15, ...), each group in its own contiguous
+    buffers [group rows, heads, slots, head dim] at most CAPACITY_STEP slots wider than its longest row
+    (they grow and shrink by that step, a copy each time). A decode step (a forward over every row)
+    reads all the keys and values it attends over, and with rows of mixed lengths most of a single
+    buffer as wide as the longest row is masked padding; per group, it reads about what the rows hold
+    when rows of similar length share a group (the generator sorts them now and then, `select`). With
+    `grouped` set (`decode_attention` is on) a decode step hands the attention the groups' buffers as
+    lists; otherwise, and for a forward over some rows (a prefill), their slots 0..window - 1 gathered
+    into one tensor (a copy).
     """
 
-    def __init__(self, rows: int, capacity: int):
+    def __init__(self, rows: int, capacity: int, group_rows: int = GROUP_ROWS):
         super().__init__(layers=None, layer_class_to_replicate=lambda: _SlotLayer(self))
-        self.num_rows, self.capacity = rows, capacity
+        if group_rows < 1:
+            raise ValueError(f"group_rows must be at least 1, got {group_rows}")
+        self.num_rows, self.group_rows = rows, group_rows
+        self.caps = [capacity] * len(self.group_sizes())
+        self.grouped = False
         self.rows: torch.Tensor | None = None
         self.slots = torch.zeros(rows, 1, dtype=torch.long)
         self.window = 0
-        self._flat: tuple | None = None  # (heads, capacity) -> flat write index of this forward
+        self._writes: tuple | None = None  # (heads, caps) -> per group: (which written rows, flat slot index)
+
+    def group_sizes(self) -> list[int]:
+        g = self.group_rows
+        return [min(g, self.num_rows - start) for start in range(0, self.num_rows, g)]
+
+    @property
+    def capacity(self) -> int:
+        """The widest group's slots: a decode step's mask covers this many."""
+        return max(self.caps, default=0)
 
     def plan(self, rows: torch.Tensor | None, starts: torch.Tensor, n: int) -> int:
         """Where the next forward writes: rows (None: every row, in order) each n slots from starts[r].
 
-        Returns the key length the forward attends over (its mask's last dimension): every slot of the
-        buffer when rows is None (whole contiguous buffers, nothing copied), else slots 0..window - 1
-        of the rows named (gathered: a copy).
+        Returns the key length the forward's mask must cover: `capacity` when rows is None (each group
+        attends over its own slots, a prefix of the mask), else slots 0..window - 1 of the rows named.
         """
         self.rows = rows
         self.slots = starts[:, None] + torch.arange(n, device=starts.device)
         self.window = int(self.slots[:, -1].max()) + 1
-        self._flat = None
-        # Capacity follows the window in CAPACITY_STEP steps, so a decode step attends over at most
-        # that many slots more than its longest row needs; shrink only after a decode step.
-        fit = -(-self.window // CAPACITY_STEP) * CAPACITY_STEP
-        if fit > self.capacity or (rows is None and self.capacity - fit >= 2 * CAPACITY_STEP):
-            self.capacity = fit
-            for layer in self.layers:
-                layer.resize(fit)
+        self._writes = None
+        row_ids = range(self.num_rows) if rows is None else rows.tolist()
+        need: dict[int, int] = {}
+        for r, end in zip(row_ids, (self.slots[:, -1] + 1).tolist(), strict=True):
+            g = r // self.group_rows
+            need[g] = max(need.get(g, 0), end)
+        # A group grows when a row needs more slots; it shrinks only after a decode step, which writes
+        # (and so names the length of) every row of the group.
+        for g, end in need.items():
+            fit = -(-end // CAPACITY_STEP) * CAPACITY_STEP
+            if fit > self.caps[g] or (rows is None and self.caps[g] - fit >= 2 * CAPACITY_STEP):
+                self.caps[g] = fit
+                for layer in self.layers:
+                    layer.resize(g, fit)
         return self.capacity if rows is None else self.window
 
-    def flat_index(self, heads: int) -> torch.Tensor:
-        """Where this forward's [R, heads, n] new entries go in a layer's [rows * heads * capacity] slots."""
-        key = (heads, self.capacity)
-        if self._flat is None or self._flat[0] != key:
-            rows = torch.arange(self.num_rows) if self.rows is None else self.rows
-            rows = rows.to(self.slots.device)
-            head = torch.arange(heads, device=self.slots.device)
-            flat = (rows[:, None, None] * heads + head[None, :, None]) * self.capacity + self.slots[:, None, :]
-            self._flat = (key, flat.reshape(-1))
-        return self._flat[1]
+    def writes(self, heads: int) -> list[tuple[int, torch.Tensor | slice, torch.Tensor]]:
+        """This forward's writes, per group: (group, which of the forward's rows, where their [rows, heads,
+        n] new entries go in the group's [group rows * heads * slots] flat buffer)."""
+        key = (heads, tuple(self.caps))
+        if self._writes is None or self._writes[0] != key:
+            dev = self.slots.device
+            rows = torch.arange(self.num_rows, device=dev) if self.rows is None else self.rows.to(dev)
+            head = torch.arange(heads, device=dev)
+            out = []
+            for g in sorted(set((rows // self.group_rows).tolist())):
+                sel = (rows // self.group_rows == g).nonzero().flatten()
+                local = rows[sel] - g * self.group_rows
+                flat = (local[:, None, None] * heads + head[None, :, None]) * self.caps[g] + self.slots[sel][:, None, :]
+                which = slice(int(sel[0]), int(sel[-1]) + 1) if self.rows is None else sel  # decode: rows in order
+                out.append((g, which, flat.reshape(-1)))
+            self._writes = (key, out)
+        return self._writes[1]
 
     def select(self, keep: torch.Tensor) -> None:
-        """Keep only rows `keep` (indices into the current rows), in that order."""
+        """Keep only rows `keep` (indices into the current rows), in that order (regrouped: a copy)."""
+        old_caps, g = self.caps, self.group_rows
         self.num_rows = keep.numel()
+        kept = keep.tolist()
+        self.caps = [max(old_caps[r // g] for r in kept[start : start + g]) for start in range(0, len(kept), g)]
         for layer in self.layers:
-            layer.batch_select_indices(keep)
+            layer.regroup(kept, old_caps)
+        self._writes = None
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.window
@@ -128,40 +165,70 @@ class _SlotLayer(CacheLayerMixin):
     def __init__(self, owner: SlotCache):
         super().__init__()
         self.owner = owner
+        self.keys: list[torch.Tensor] = []  # per group [group rows, heads, slots, head dim]
+        self.values: list[torch.Tensor] = []
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _, H, _, D = key_states.shape
         o = self.owner
-        self.keys = key_states.new_zeros(o.num_rows, H, o.capacity, D)
-        self.values = value_states.new_zeros(o.num_rows, H, o.capacity, value_states.shape[-1])
+        self.keys = [key_states.new_zeros(n, H, cap, D) for n, cap in zip(o.group_sizes(), o.caps, strict=True)]
+        self.values = [value_states.new_zeros(n, H, cap, value_states.shape[-1]) for n, cap in zip(o.group_sizes(), o.caps, strict=True)]
         self.device, self.is_initialized = key_states.device, True
 
-    def resize(self, capacity: int) -> None:
+    def resize(self, g: int, capacity: int) -> None:
         if not self.is_initialized:
             return
-        for name in ("keys", "values"):
-            old = getattr(self, name)
+        for bufs in (self.keys, self.values):
+            old = bufs[g]
             new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
             keep = min(capacity, old.shape[2])
             new[:, :, :keep] = old[:, :, :keep]
+            bufs[g] = new
+
+    def regroup(self, kept: list[int], old_caps: list[int]) -> None:
+        """Rows `kept` (old row ids), in that order, into groups of the owner's new sizes and capacities."""
+        if not self.is_initialized:
+            return
+        o, g = self.owner, self.owner.group_rows
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = []
+            for k, (n, cap) in enumerate(zip(o.group_sizes(), o.caps, strict=True)):
+                buf = old[0].new_zeros(n, old[0].shape[1], cap, old[0].shape[-1])
+                for j, r in enumerate(kept[k * g : k * g + n]):
+                    width = min(cap, old_caps[r // g])
+                    buf[j, :, :width] = old[r // g][r % g, :, :width]
+                new.append(buf)
             setattr(self, name, new)
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         o = self.owner
-        idx = o.flat_index(self.keys.shape[1])
-        # One index_copy_ per tensor into its [rows * heads * slots, D] view: advanced-index assignment
-        # (keys[rows, :, slots] = ...) measured ~50x slower on CPU for a decode step's few rows.
-        for buf, new in ((self.keys, key_states), (self.values, value_states)):
-            buf.view(-1, buf.shape[-1]).index_copy_(0, idx, new.reshape(-1, new.shape[-1]))
-        if o.rows is None:
-            return self.keys, self.values  # the whole (contiguous) buffers: nothing copied
-        return self.keys[o.rows, :, : o.window], self.values[o.rows, :, : o.window]
+        # One index_copy_ per group and tensor into its [rows * heads * slots, D] view: advanced-index
+        # assignment (keys[rows, :, slots] = ...) measured ~50x slower on CPU for a decode step's few rows.
+        for g, which, flat in o.writes(key_states.shape[1]):
+            for buf, new in ((self.keys[g], key_states[which]), (self.values[g], value_states[which])):
+                buf.view(-1, buf.shape[-1]).index_copy_(0, flat, new.reshape(-1, new.shape[-1]))
+        if o.rows is None and o.grouped:
+            return self.keys, self.values  # the groups' own buffers: nothing copied
+        return self._gather(self.keys, o.rows, o.capacity if o.rows is None else o.window), self._gather(
+            self.values, o.rows, o.capacity if o.rows is None else o.window
+        )
+
+    def _gather(self, bufs: list[torch.Tensor], rows: torch.Tensor | None, window: int) -> torch.Tensor:
+        """Rows' slots 0..window - 1 in one tensor [R, heads, window, D] (slots past a group's width are 0)."""
+        g = self.owner.group_rows
+        row_ids = range(self.owner.num_rows) if rows is None else rows.tolist()
+        out = bufs[0].new_zeros(len(row_ids), bufs[0].shape[1], window, bufs[0].shape[-1])
+        for i, r in enumerate(row_ids):
+            buf = bufs[r // g]
+            width = min(window, buf.shape[2])
+            out[i, :, :width] = buf[r % g, :, :width]
+        return out
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized:
-            self.keys, self.values = self.keys[indices], self.values[indices]
+        raise NotImplementedError("a SlotCache regroups all its layers at once: SlotCache.select")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.window, 0
@@ -184,34 +251,51 @@ def _slot_decode_attention(module, query, key, value, attention_mask, scaling=No
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     special = any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "s_aux", "position_bias"))
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if isinstance(key, list):  # a SlotCache's groups (a decode step): each attends over its own slots
+        if query.shape[2] != 1 or special:
+            raise ValueError("grouped slot buffers serve single-query forwards without softcap, sliding window or sinks")
+        out, first = query.new_empty(query.shape[0], 1, query.shape[1], value[0].shape[-1]), 0
+        for k, v in zip(key, value, strict=True):
+            end = first + k.shape[0]
+            mask = None if attention_mask is None else attention_mask[first:end, ..., : k.shape[2]]
+            out[first:end] = _rows_attention(query[first:end], k, v, mask, scale)
+            first = end
+        return out, None
     if query.shape[2] != 1 or special or not key.is_contiguous() or not value.is_contiguous():
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return _rows_attention(query, key, value, attention_mask, scale), None
+
+
+def _rows_attention(query, key, value, attention_mask, scale):
+    """[B, Hq, 1, D] queries over contiguous [B, Hk, S, D] keys and values."""
     B, Hq, _, D = query.shape
     Hk, S = key.shape[1], key.shape[2]
     q = query.reshape(B * Hk, Hq // Hk, D)
     scores = torch.bmm(q, key.view(B * Hk, S, D).transpose(1, 2)).view(B, Hk, Hq // Hk, S)
-    scores = scores * (scaling if scaling is not None else D**-0.5)
+    scores = scores * scale
     if attention_mask is not None:
         scores = scores + attention_mask  # [B, 1, 1, S] broadcasts over heads
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     out = torch.bmm(probs.view(B * Hk, Hq // Hk, S), value.view(B * Hk, S, value.shape[-1]))
-    return out.view(B, 1, Hq, value.shape[-1]), None  # [B, q, heads, D], as transformers' kernels return
+    return out.view(B, 1, Hq, value.shape[-1])  # [B, q, heads, D], as transformers' kernels return
 
 
 @contextmanager
 def decode_attention(model):
     """Within the block, the model's SDPA/eager attention runs `_slot_decode_attention` (single-query
-    forwards; the rest still SDPA). Switched on the shared config, and always switched back."""
+    forwards; the rest still SDPA). Switched on the shared config, and always switched back. Yields
+    whether it switched (a SlotCache may then hand decode steps its groups: `grouped`)."""
     from transformers import AttentionInterface
 
     config = getattr(model, "config", None)
     old = getattr(config, "_attn_implementation", None)
     if old not in ("sdpa", "eager"):
-        yield
+        yield False
         return
     AttentionInterface.register(SLOT_ATTENTION, _slot_decode_attention)
     config._attn_implementation_internal = SLOT_ATTENTION
     try:
-        yield
+        yield True
     finally:
         config._attn_implementation_internal = old

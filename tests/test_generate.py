@@ -66,8 +66,21 @@ def refs(model, prompts):
     return [reference(model, p, 20) for p in prompts]
 
 
+@pytest.fixture(params=["default", "regrouped"])
+def grouping(request, monkeypatch):
+    """default: the shipped group size and sorting rule; regrouped: groups of 2 rows, resorted by length at
+    every decode step (SlotCache.select on a full batch), so a row's slots move between groups often."""
+    import headway.data.generate as gen
+
+    if request.param == "regrouped":
+        monkeypatch.setattr(gen, "GROUP_ROWS", 2)
+        monkeypatch.setattr(gen, "SORT_EVERY", 1)
+        monkeypatch.setattr(gen, "SORT_GAIN", -1.0)  # any order that is not already sorted is resorted
+    return request.param
+
+
 @pytest.mark.parametrize("batch_size", [1, 3, 10])
-def test_greedy_equals_generate_alone_with_refilled_rows(model, prompts, refs, batch_size):
+def test_greedy_equals_generate_alone_with_refilled_rows(model, prompts, refs, batch_size, grouping):
     assert len({len(r) for r in refs}) > 2, "answers of several lengths: rows finish at different steps"
     got = generate_batch(model, prompts, 20, EOS, batch_size=batch_size)
     for p, r, a in zip(prompts, refs, got, strict=True):
@@ -75,7 +88,7 @@ def test_greedy_equals_generate_alone_with_refilled_rows(model, prompts, refs, b
         assert a.finished == (r[-1] in EOS)
 
 
-def test_next_turns_continue_in_place_and_features_equal_a_fresh_forward(model, prompts):
+def test_next_turns_continue_in_place_and_features_equal_a_fresh_forward(model, prompts, grouping):
     convs = [Conversation(p, [[7, 8, 9], [10, 11]] if k % 2 else []) for k, p in enumerate(prompts)]
     Generator(model, 4, 12, EOS, capture=SPEC).run(convs)
     fresh = OnlineFeatures(model, SPEC)
@@ -92,7 +105,7 @@ def test_next_turns_continue_in_place_and_features_equal_a_fresh_forward(model, 
             assert (c.features[key] - t[0]).abs().max() <= 1e-4 * scale, key
 
 
-def test_sampling_depends_on_the_turns_seed_not_on_the_batch(model, prompts):
+def test_sampling_depends_on_the_turns_seed_not_on_the_batch(model, prompts, grouping):
     def run(batch_size, order, seeds):
         convs = {k: Conversation(prompts[k], [[5, 6]], seed=seeds[k]) for k in order}
         Generator(model, batch_size, 10, EOS, SamplingParams(temperature=1.0, top_p=0.9)).run([convs[k] for k in order])
@@ -106,6 +119,17 @@ def test_sampling_depends_on_the_turns_seed_not_on_the_batch(model, prompts):
     assert other != alone
     greedy = [t for c in generate_batch(model, prompts, 10, EOS) for t in c.tokens]
     assert [t for v in alone.values() for _, a in v[:1] for t in a] != greedy, "sampling is not greedy"
+
+
+def test_rows_are_sorted_into_groups_only_when_it_pays():
+    from headway.data.generate import _group_slots, _regroup_order
+
+    mixed = [900, 40, 900, 40, 900, 40, 900, 40]  # groups of 2: every group as wide as 900
+    order = _regroup_order(mixed, 2)
+    assert order is not None and [mixed[i] for i in order] == sorted(mixed)
+    assert _group_slots([mixed[i] for i in order], 2) < 0.6 * _group_slots(mixed, 2)
+    assert _regroup_order(sorted(mixed), 2) is None, "already sorted: no copy"
+    assert _regroup_order([100, 120, 90, 110], 2) is None, "similar lengths: within one capacity step, no gain"
 
 
 def test_prefill_groups_bound_padding():
