@@ -12,8 +12,10 @@ others finish their answers, and no turn recomputes its history.
 
 The KV cache is a preallocated `SlotCache` (headway/kv.py): row r's tokens sit in slots 0..len_r - 1
 (slot = position), an additive float mask marks each row's valid slots, a decode step writes one slot
-per row in place (no torch.cat of the whole cache each step) and attends over the contiguous buffers
-(`decode_attention`). New prompts and next turns are prefilled right-padded, grouped by length; their
+per row in place (no torch.cat of the whole cache each step) and attends group by group (rows in
+groups of GROUP_ROWS, each group's buffers as wide as its longest row; `decode_attention`). Every
+SORT_EVERY decode steps the rows are sorted by length when that cuts the slots a step reads by more
+than SORT_GAIN, so short rows stop paying for long ones. New prompts and next turns are prefilled right-padded, grouped by length; their
 padding writes garbage past the row's length, masked and later overwritten. Logits are computed only
 at each row's last position (the decoder, then lm_head on those hidden states).
 

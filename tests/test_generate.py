@@ -186,3 +186,55 @@ def test_real_target_features_equal_a_fresh_forward(smol_fp32, smol_tok, dtype):
             assert got.shape == want.shape and (got - want).norm() / want.norm() <= bound, key
             if dtype == "float32" and key == "features.final_normed":
                 assert (got - want).abs().max() <= 1e-4
+
+
+def test_slot_cache_groups_grow_shrink_and_regroup_without_losing_a_slot():
+    """SlotCache alone: rows of mixed lengths written by prefills and decode steps, read back (gathered)
+    equal to a dense reference after groups grew, shrank and were regrouped by `select`."""
+    from headway.kv import CAPACITY_STEP, SlotCache
+
+    g = torch.Generator().manual_seed(0)
+    rows, heads, dim = 7, 2, 4
+    cache = SlotCache(rows, capacity=0, group_rows=3)  # groups of 3, 3 and 1 rows
+    layer = None
+    dense = torch.zeros(rows, heads, 512, dim)  # what each row's slots must hold
+    lengths = [0] * rows
+
+    def write(row_ids, n):
+        nonlocal layer
+        starts = torch.tensor([lengths[r] for r in row_ids])
+        k = torch.randn(len(row_ids), heads, n, dim, generator=g)
+        width = cache.plan(None if row_ids == list(range(rows)) else torch.tensor(row_ids), starts, n)
+        keys, _ = cache.update(k, k.clone(), 0)  # layer 0, made on first use
+        layer = cache.layers[0]
+        for j, r in enumerate(row_ids):
+            dense[r, :, lengths[r] : lengths[r] + n] = k[j]
+            lengths[r] += n
+        return keys, width
+
+    def check(after_decode=True):
+        got = layer._gather(layer.keys, None, max(lengths))
+        for r in range(rows):
+            assert torch.equal(got[r, :, : lengths[r]], dense[r, :, : lengths[r]]), r
+        for k, n in enumerate(cache.group_sizes() if after_decode else []):  # each group at most one step wider than its longest row
+            longest = max(lengths[k * 3 : k * 3 + n])
+            assert layer.keys[k].shape[2] == cache.caps[k] and cache.caps[k] - longest < 2 * CAPACITY_STEP + 1
+
+    write([0, 2, 4], 200)  # prefills: groups 0 and 1 grow
+    write([1, 3, 5, 6], 10)
+    keys, width = write(list(range(rows)), 1)  # a decode step over every row
+    assert width == max(cache.caps) and isinstance(keys, torch.Tensor)  # not grouped: one gathered tensor
+    check()
+    for _ in range(3):
+        write(list(range(rows)), 1)
+    order = sorted(range(rows), key=lambda r: lengths[r])  # regroup: long rows together
+    cache.select(torch.tensor(order))
+    dense, lengths = dense[order].clone(), [lengths[r] for r in order]
+    check(after_decode=False)  # groups keep their widths until a decode step names every row's length
+    write(list(range(rows)), 1)  # a decode step after regrouping shrinks the short rows' groups
+    check()
+    assert cache.caps[0] < cache.caps[-1]
+    cache.select(torch.tensor([6, 0]))  # rows leave
+    dense, lengths = dense[[6, 0]].clone(), [lengths[6], lengths[0]]
+    rows = 2
+    check(after_decode=False)
