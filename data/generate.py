@@ -155,7 +155,7 @@ class Generator:
         return _Row(job, list(turn.ids), gen)
 
     def _feed(self, cache: SlotCache, rows: list[_Row], idx: list[int] | None) -> torch.Tensor:
-        """One forward over rows idx (None: every row, one token each); returns logits [R, V] (fp32) at
+        """One forward over rows idx (None: every row, one token each); returns logits [R, V] (model dtype) at
         each row's last fed position."""
         sel = rows if idx is None else [rows[i] for i in idx]
         dev = self.device
@@ -183,14 +183,14 @@ class Generator:
             r.fed += r.pending
             r.pending = []
         last = hidden[torch.arange(len(sel), device=dev), lengths - 1]
-        return self.lm_head(last).float()
+        return self.lm_head(last)  # greedy takes the argmax as is; sampling warps in fp32
 
     def _advance(self, rows: list[_Row | None], idx: list[int], logits: torch.Tensor) -> None:
         """Each row of idx takes its next token from its logits row; finished rows hand over or leave."""
         if self.sampling.greedy:
             tokens = logits.argmax(-1).tolist()
         else:
-            probs = warp(logits, self.sampling)
+            probs = warp(logits.float(), self.sampling)
             tokens = [
                 int(torch.multinomial(probs[j], 1, generator=rows[i].gen)) if not rows[i].closing else -1
                 for j, i in enumerate(idx)
