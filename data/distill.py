@@ -98,6 +98,11 @@ def is_validation(prompt_id: str, val_fraction: float) -> bool:
     return zlib.crc32(prompt_id.encode()) % 10_000 < val_fraction * 10_000
 
 
+def shard_path(out: Path, k: int) -> Path:
+    """Generation shard k's rows in the output folder (written once the shard's last conversation is done)."""
+    return out / SHARDS_SUBDIR / f"shard-{k:05d}.json"
+
+
 def answer_order(n_shards: int, seed: int) -> list[int]:
     """The order shards are answered in: shuffled, because shards hold the sources one after another, so
     that the shards finished at any moment mix every domain (`--partial` can train on them)."""
@@ -171,8 +176,7 @@ def distill(
     if state.is_main_process:
         check_or_write_meta(out, ident)
     state.wait_for_everyone()
-    shards_dir = out / SHARDS_SUBDIR
-    shards_dir.mkdir(parents=True, exist_ok=True)
+    (out / SHARDS_SUBDIR).mkdir(parents=True, exist_ok=True)
 
     from headway.data.magpie import PromptWriter
 
@@ -185,9 +189,10 @@ def distill(
         shards, prompt_skips = plan(cfg, tok, writer, max_context)
     planned = Counter(c.domain for shard in shards for c, _ in shard)
     mine = {k for k in range(len(shards)) if k % state.num_processes == state.process_index}
-    todo = [k for k in answer_order(len(shards), cfg.data.seed) if k in mine and not (shards_dir / f"shard-{k:05d}.json").is_file()]
+    todo = [k for k in answer_order(len(shards), cfg.data.seed) if k in mine and not shard_path(out, k).is_file()]
     if partial:
-        log(f"--partial: assembling the {len(shards) - len(todo)} finished shards of {len(shards)}, generating nothing")
+        done = sum(shard_path(out, k).is_file() for k in range(len(shards)))
+        log(f"--partial: assembling the {done} finished shards of {len(shards)}, generating nothing")
         todo = []
     elif len(todo) < len(mine):
         log(f"resuming: {len(mine) - len(todo)} of {len(mine)} shards already done")
@@ -206,7 +211,7 @@ def distill(
             train = [not is_validation(r["prompt_id"], cfg.data.val_fraction) for r in shard.rows]
             write_shard(out / FEATURES_SUBDIR, shard.index, shard.rows, shard.features, train)
         stats = {"skipped": dict(shard.skipped), "gen_tokens": shard.gen_tokens, "seconds": clock.lap()}
-        _write_json(shards_dir / f"shard-{shard.index:05d}.json", {"rows": shard.rows, "stats": {**stats, "process": state.process_index}})
+        _write_json(shard_path(out, shard.index), {"rows": shard.rows, "stats": {**stats, "process": state.process_index}})
         if after_shard is not None:
             after_shard(shard.index)
 
@@ -252,13 +257,13 @@ def assemble(
     """
     from datasets import Dataset, DatasetDict, DatasetInfo
 
-    shard_ids = [k for k in range(n_shards) if (out / SHARDS_SUBDIR / f"shard-{k:05d}.json").is_file()]
+    shard_ids = [k for k in range(n_shards) if shard_path(out, k).is_file()]
     if not partial and len(shard_ids) < n_shards:
-        missing = sorted(set(range(n_shards)) - set(shard_ids))
-        raise RuntimeError(f"shard {out / SHARDS_SUBDIR / f'shard-{missing[0]:05d}.json'} is missing: rerun generation to finish it")
+        missing = min(set(range(n_shards)) - set(shard_ids))
+        raise RuntimeError(f"shard {shard_path(out, missing)} is missing: rerun generation to finish it")
     rows, skipped, gen_tokens, gen_seconds = [], Counter(prompt_skips), 0, 0.0
     for k in shard_ids:
-        shard = json.loads((out / SHARDS_SUBDIR / f"shard-{k:05d}.json").read_text())
+        shard = json.loads(shard_path(out, k).read_text())
         rows += [(r, (k, i)) for i, r in enumerate(shard["rows"])]  # with its place in the shard's features
         skipped.update(shard["stats"]["skipped"])
         gen_tokens += shard["stats"]["gen_tokens"]

@@ -39,7 +39,7 @@ from typing import Protocol
 import torch
 
 from headway.features import FeatureSpec, LayerCapture, feature_key
-from headway.kv import CAPACITY_STEP, GROUP_ROWS, SlotCache, decode_attention
+from headway.kv import GROUP_ROWS, SlotCache, decode_attention, decode_reads
 from headway.sampling import SamplingParams, warp
 
 PREFILL_PADDING = 1.25  # a prefill group's padded tokens may exceed its real tokens by this factor
@@ -223,20 +223,11 @@ class Generator:
         return {key: torch.cat(chunks).cpu() for key, chunks in row.feats.items()}
 
 
-def _group_slots(lengths: list[int], group_rows: int) -> int:
-    """Slots a decode step reads with rows in this order: each group as wide as its longest row."""
-    step = CAPACITY_STEP
-    return sum(
-        len(lengths[i : i + group_rows]) * -(-max(lengths[i : i + group_rows]) // step) * step
-        for i in range(0, len(lengths), group_rows)
-    )
-
-
 def _regroup_order(lengths: list[int], group_rows: int) -> list[int] | None:
     """Rows sorted by length, when that cuts a decode step's reads by more than SORT_GAIN (regrouping
     copies every row's keys and values once, about one decode step's reads); else None."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    now, sorted_ = _group_slots(lengths, group_rows), _group_slots([lengths[i] for i in order], group_rows)
+    now, sorted_ = decode_reads(lengths, group_rows), decode_reads([lengths[i] for i in order], group_rows)
     return order if now > (1 + SORT_GAIN) * sorted_ else None
 
 

@@ -57,6 +57,18 @@ GROUP_ROWS = 8  # rows per group of buffers: a decode step attends group by grou
 SLOT_ATTENTION = "headway_slot_decode"  # the attention function `decode_attention` switches a model to
 
 
+def fit_slots(n: int) -> int:
+    """The width a group's buffers take for a longest row of n slots: n rounded up to CAPACITY_STEP."""
+    return -(-n // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def decode_reads(lengths: list[int], group_rows: int) -> int:
+    """Slots a decode step reads over rows of these lengths, in this order: each group as wide as its longest."""
+    return sum(
+        len(lengths[i : i + group_rows]) * fit_slots(max(lengths[i : i + group_rows])) for i in range(0, len(lengths), group_rows)
+    )
+
+
 class SlotCache(Cache):
     """A preallocated KV window of `rows` sequences that each grow on their own (continuous batching).
 
@@ -120,7 +132,7 @@ class SlotCache(Cache):
         # A group grows when a row needs more slots; it shrinks only after a decode step, which writes
         # (and so names the length of) every row of the group.
         for g, end in need.items():
-            fit = -(-end // CAPACITY_STEP) * CAPACITY_STEP
+            fit = fit_slots(end)
             if fit > self.caps[g] or (rows is None and self.caps[g] - fit >= 2 * CAPACITY_STEP):
                 self.caps[g] = fit
                 for layer in self.layers:
@@ -192,14 +204,8 @@ class _SlotLayer(CacheLayerMixin):
         o, g = self.owner, self.owner.group_rows
         for name in ("keys", "values"):
             old = getattr(self, name)
-            new = []
-            for k, (n, cap) in enumerate(zip(o.group_sizes(), o.caps, strict=True)):
-                buf = old[0].new_zeros(n, old[0].shape[1], cap, old[0].shape[-1])
-                for j, r in enumerate(kept[k * g : k * g + n]):
-                    width = min(cap, old_caps[r // g])
-                    buf[j, :, :width] = old[r // g][r % g, :, :width]
-                new.append(buf)
-            setattr(self, name, new)
+            sizes = zip(o.group_sizes(), o.caps, strict=True)
+            setattr(self, name, [self._gather(old, kept[k * g : k * g + n], cap) for k, (n, cap) in enumerate(sizes)])
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -212,14 +218,14 @@ class _SlotLayer(CacheLayerMixin):
                 buf.view(-1, buf.shape[-1]).index_copy_(0, flat, new.reshape(-1, new.shape[-1]))
         if o.rows is None and o.grouped:
             return self.keys, self.values  # the groups' own buffers: nothing copied
-        return self._gather(self.keys, o.rows, o.capacity if o.rows is None else o.window), self._gather(
-            self.values, o.rows, o.capacity if o.rows is None else o.window
-        )
+        row_ids = range(o.num_rows) if o.rows is None else o.rows.tolist()
+        window = o.capacity if o.rows is None else o.window
+        return self._gather(self.keys, row_ids, window), self._gather(self.values, row_ids, window)
 
-    def _gather(self, bufs: list[torch.Tensor], rows: torch.Tensor | None, window: int) -> torch.Tensor:
-        """Rows' slots 0..window - 1 in one tensor [R, heads, window, D] (slots past a group's width are 0)."""
+    def _gather(self, bufs: list[torch.Tensor], row_ids, window: int) -> torch.Tensor:
+        """Rows `row_ids` (in that order) of the grouped buffers `bufs`, slots 0..window - 1, in one tensor
+        [R, heads, window, D] (slots past a group's width are 0)."""
         g = self.owner.group_rows
-        row_ids = range(self.owner.num_rows) if rows is None else rows.tolist()
         out = bufs[0].new_zeros(len(row_ids), bufs[0].shape[1], window, bufs[0].shape[-1])
         for i, r in enumerate(row_ids):
             buf = bufs[r // g]

@@ -122,12 +122,13 @@ def test_sampling_depends_on_the_turns_seed_not_on_the_batch(model, prompts, gro
 
 
 def test_rows_are_sorted_into_groups_only_when_it_pays():
-    from headway.data.generate import _group_slots, _regroup_order
+    from headway.data.generate import _regroup_order
+    from headway.kv import decode_reads
 
     mixed = [900, 40, 900, 40, 900, 40, 900, 40]  # groups of 2: every group as wide as 900
     order = _regroup_order(mixed, 2)
     assert order is not None and [mixed[i] for i in order] == sorted(mixed)
-    assert _group_slots([mixed[i] for i in order], 2) < 0.6 * _group_slots(mixed, 2)
+    assert decode_reads([mixed[i] for i in order], 2) < 0.6 * decode_reads(mixed, 2)
     assert _regroup_order(sorted(mixed), 2) is None, "already sorted: no copy"
     assert _regroup_order([100, 120, 90, 110], 2) is None, "similar lengths: within one capacity step, no gain"
 
@@ -213,7 +214,7 @@ def test_slot_cache_groups_grow_shrink_and_regroup_without_losing_a_slot():
         return keys, width
 
     def check(after_decode=True):
-        got = layer._gather(layer.keys, None, max(lengths))
+        got = layer._gather(layer.keys, range(rows), max(lengths))
         for r in range(rows):
             assert torch.equal(got[r, :, : lengths[r]], dense[r, :, : lengths[r]]), r
         for k, n in enumerate(cache.group_sizes() if after_decode else []):  # each group at most one step wider than its longest row
