@@ -2,7 +2,8 @@
 
     gen = Generator(model, batch_size=32, max_new_tokens=256, eos_ids={2})
     gen.run(jobs)                  # jobs: `Job`s (a conversation each), answered turn by turn
-    generate_batch(model, prompts, 64, {2}, pad_id)   # one answer per prompt (Magpie's writer, tests)
+    generate_batch(model, prompts, 64, {2}, pad_id)   # one answer per prompt (benchmarks, tests)
+    answer_stream(model, turns, 64, {2}, on_answer)   # the same over a lazy iterable (Magpie's writer)
 
 Each row of the batch holds one conversation. When its answer ends (EOS or max_new_tokens) the row
 hands it to its job, which returns the next turn (the ids so far, answers verbatim, plus the next
@@ -32,7 +33,7 @@ once more for its features, its logits unused) and hands each finished job its f
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -254,18 +255,37 @@ def _prefill_groups(idx: list[int], lengths: list[int]) -> list[list[int]]:
 
 @dataclass
 class _OneAnswer:
-    ids: list[int]
-    seed: int
-    answer: Answer | None = None
+    index: int
+    turn: Turn
+    on_answer: Callable[[int, Answer], None]
 
     def first_turn(self) -> Turn:
-        return Turn(self.ids, self.seed)
+        return self.turn
 
     def answered(self, answer: Answer) -> None:
-        self.answer = answer
+        self.on_answer(self.index, answer)
 
     def done(self, features) -> None:
         pass
+
+
+def answer_stream(
+    model,
+    turns: Iterable[Turn],
+    max_new_tokens: int,
+    eos_ids: set[int],
+    on_answer: Callable[[int, Answer], None],
+    sampling: SamplingParams | None = None,
+    batch_size: int = 64,
+) -> None:
+    """One answer per turn; `on_answer(i, answer)` as turn i's answer ends (in finishing order, not i's).
+
+    `turns` is read lazily, one turn whenever a row is free, so a caller can decide from the answers so
+    far whether to ask for more (Magpie's writer stops once it has enough usable prompts); once it is
+    exhausted, the rows still busy finish and the call returns.
+    """
+    jobs = (_OneAnswer(i, t, on_answer) for i, t in enumerate(turns))
+    make_generator(model, batch_size, max_new_tokens, eos_ids, sampling).run(jobs)
 
 
 def generate_batch(
@@ -282,10 +302,11 @@ def generate_batch(
     """One answer per prompt (continuous batching over all of them); prompt i samples with a seed made
     from (seed, i). `model`: the target, or a generation server (see `make_generator`). `pad_id` is
     unused (rows are padded with their own tokens), kept for callers."""
-    jobs = [_OneAnswer(list(p), zlib.crc32(f"{seed or 0}:{i}".encode())) for i, p in enumerate(prompts)]
+    answers: list[Answer | None] = [None] * len(prompts)
+    turns = (Turn(list(p), zlib.crc32(f"{seed or 0}:{i}".encode())) for i, p in enumerate(prompts))
     sampling = SamplingParams(temperature=temperature, top_p=top_p)
-    make_generator(model, batch_size or len(prompts), max_new_tokens, eos_ids, sampling).run(jobs)
-    return [j.answer for j in jobs]
+    answer_stream(model, turns, max_new_tokens, eos_ids, answers.__setitem__, sampling, batch_size or len(prompts))
+    return answers
 
 
 def make_generator(model, batch_size: int, max_new_tokens: int, eos_ids: set[int], sampling=None, capture=None, on_answer=None):

@@ -14,27 +14,32 @@ turn with that answer in view; the distiller answers both turns again, turn by t
 stripped, length-filtered (min_words..max_words), deduplicated after normalising case and punctuation,
 and checked against the evaluation questions.
 
-The result is cached in <data.output_dir>/self_written/<source>.json, progress saved after every
-batch: the folder's identity already holds the source settings and the target, so an interrupted run
-resumes where it stopped and a rerun writes nothing again.
+Every stage streams through the continuous-batching generator (headway.data.generate.answer_stream):
+rows are refilled as candidates finish and are dropped, so a batch drains once per stage, not once per
+fixed-size call. Candidates carry their own seeds and are judged in index order, so what is kept does
+not depend on the batch size or on which rows finish first.
+
+The result is cached in <data.output_dir>/self_written/<source>.json, progress saved every SAVE_EVERY
+judged turns: the folder's identity already holds the source settings and the target, so an
+interrupted run resumes where it stopped and a rerun writes nothing again.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import zlib
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from headway.config import DataConfig, SourceConfig
-from headway.data.generate import generate_batch
+from headway.data.generate import Answer, Turn, answer_stream
 from headway.data.overlap import eval_overlap, words
+from headway.sampling import SamplingParams
 from headway.target import stop_token_ids
 
 SENTINEL = "\ue000headway-user-turn\ue000"  # private-use characters: no template writes them
-ROWS = 128  # rows per generate call: fixed, so the written prompts do not depend on generation.batch_size;
-# large, so the continuous-batching generator keeps a batch of 64 full instead of draining every call
+SAVE_EVERY = 128  # written turns judged between progress saves (a resumed run redoes at most this many)
 MAX_TRIES = 4  # candidates written per wanted prompt before a source gives up
 FOLLOW_UP_TRIES = 3
 
@@ -107,104 +112,177 @@ class PromptWriter:
 
     def _write(self, src: SourceConfig, name: str, n: int, done: Path) -> None:
         progress_path = self.cache_dir / f"{name}.progress.json"
-        state = {"calls": 0, "first": [], "rejected": {}, "conversations": []}
+        state = {"next": 0, "first": [], "rejected": {}}
         if progress_path.is_file():
             state = json.loads(progress_path.read_text())
+            # A folder from before streaming counted calls of 128 candidates: go on after them.
+            state.setdefault("next", state.pop("calls", 0) * SAVE_EVERY)
             self.log(f"{name}: resuming self-written prompts ({len(state['first'])} of {n} first turns written)")
         rejected, turns = Counter(state["rejected"]), TurnFilter(src)
         for t in state["first"]:
             turns.keep(t)
-        prefix, closing = user_turn_prefix(self.tok, system=src.task)
-        prefix_ids = self.tok(prefix, add_special_tokens=False)["input_ids"]
-        max_calls = math.ceil(MAX_TRIES * n / ROWS)
-        while len(state["first"]) < n and state["calls"] < max_calls:
-            seed = self._seed(name, "first", state["calls"])
-            for text in self._sample([prefix_ids] * ROWS, closing, src, seed):
-                why = turns.reason(text)
-                rejected.update([why] if why else [])
-                if not why and len(state["first"]) < n:
-                    state["first"].append(text)
-                    turns.keep(text)
-            state["calls"] += 1
-            state["rejected"] = dict(rejected)
-            _save(progress_path, state)
-            self.log(f"{name}: {len(state['first'])} of {n} first turns written ({sum(rejected.values())} dropped)")
+        save = _Saver(progress_path, state, rejected)
+        self._first_turns(src, name, n, state, turns, rejected, save)
         if src.turns > 1:
-            self._follow_ups(src, name, state, turns, rejected, progress_path)
-        convs = state["conversations"] if src.turns > 1 else [[t] for t in state["first"]]
+            self._follow_ups(src, name, state, turns, rejected, save)
+            convs = [[m["content"] for m in c if m["role"] == "user"] for c in state["chats"]]
+        else:
+            convs = [[t] for t in state["first"]]
         _save(done, {"conversations": convs, "rejected": dict(rejected)})
         progress_path.unlink(missing_ok=True)
         self.log(f"{name}: {len(convs)} self-written conversations ({sum(rejected.values())} written turns dropped)")
 
-    def _follow_ups(self, src, name, state, turns: TurnFilter, rejected: Counter, progress_path: Path) -> None:
-        """Answer each conversation, then let the target write the next user turn; ROWS conversations a step."""
-        for t in (t for c in state["conversations"] for t in c[1:]):
-            turns.keep(t)
-        for b in range(len(state["conversations"]), len(state["first"]), ROWS):
-            chats = [[{"role": "user", "content": t}] for t in state["first"][b : b + ROWS]]
-            for turn in range(1, src.turns):
-                live = [c for c in chats if c[-1]["role"] == "user"]  # the last follow-up was written
-                for c, answer in zip(live, self._answer(live, self._seed(name, f"answer{turn}", b)), strict=True):
-                    c.append({"role": "assistant", "content": answer})
-                for c, text in zip(live, self._follow_up_turns(live, src, name, f"{turn}:{b}", turns, rejected), strict=True):
-                    if text is not None:
-                        c.append({"role": "user", "content": text})
-            state["conversations"] += [[m["content"] for m in c if m["role"] == "user"] for c in chats]
-            state["rejected"] = dict(rejected)
-            _save(progress_path, state)
-            self.log(f"{name}: {len(state['conversations'])} of {len(state['first'])} conversations followed up")
+    def _first_turns(self, src, name, n, state, turns: TurnFilter, rejected: Counter, save: _Saver) -> None:
+        """Candidate first turns streamed through the generator until n are usable.
 
-    def _answer(self, chats: list[list[dict]], seed: int) -> list[str]:
-        """The target's answer to each conversation (ending with a user turn), as data.generation says."""
+        Candidate c is sampled with its own seed and judged in index order, whatever order the rows
+        finish in, so the prompts kept do not depend on the batch size or on where a run was resumed.
+        At most n - kept candidates are in flight (each could be the last one needed), so rows are
+        refilled while candidates are being dropped and the batch drains once per source, not per call.
+        """
+        prefix, closing = user_turn_prefix(self.tok, system=src.task)
+        prefix_ids = self.tok(prefix, add_special_tokens=False)["input_ids"]
+        limit = MAX_TRIES * n  # candidates written before the source gives up
+
+        def take(c: int, text: str | None) -> None:
+            if len(state["first"]) >= n:
+                return  # written after the source had enough: not judged
+            state["next"] = c + 1
+            why = turns.reason(text)
+            rejected.update([why] if why else [])
+            if not why:
+                state["first"].append(text)
+                turns.keep(text)
+            if state["next"] % SAVE_EVERY == 0:
+                save()
+                self.log(f"{name}: {len(state['first'])} of {n} first turns written ({sum(rejected.values())} dropped)")
+
+        while len(state["first"]) < n and state["next"] < limit:
+            judged = _InOrder(take, start=state["next"])
+
+            def candidates(judged=judged):
+                c = judged.next
+                while len(state["first"]) + (c - judged.next) < n and c < limit:
+                    yield Turn(prefix_ids, self._seed(name, "first", c))
+                    c += 1
+
+            self._sample(candidates(), closing, src, judged.offset(judged.next))
+            save()
+
+    def _follow_ups(self, src, name, state, turns: TurnFilter, rejected: Counter, save: _Saver) -> None:
+        """Answer every conversation, then let the target write each one's next user turn, turn after turn.
+
+        Each stage streams every conversation it still has to do through the generator; results are
+        taken in conversation order and saved every SAVE_EVERY, so a resumed run redoes at most that
+        many. A conversation whose follow-up fails FOLLOW_UP_TRIES times ends with the turns it has.
+        """
+        state.pop("conversations", None)  # a folder from before streaming: its follow-ups are redone
+        chats = state.setdefault("chats", [[{"role": "user", "content": t}] for t in state["first"]])
+        tries = state.setdefault("tries", [0] * len(chats))  # follow-up attempts at the current turn
+        for m in (m for c in chats for m in c[1:] if m["role"] == "user"):
+            turns.keep(m["content"])
+        for turn in range(1, src.turns):
+            asked = [i for i, c in enumerate(chats) if len(c) == 2 * turn - 1]  # its turn-th user turn is open
+
+            def answered(k: int, text: str, asked=asked) -> None:
+                chats[asked[k]].append({"role": "assistant", "content": text})
+                tries[asked[k]] = 0
+                if (k + 1) % SAVE_EVERY == 0:
+                    save()
+
+            self._answer([chats[i] for i in asked], name, turn, _InOrder(answered))
+            save()
+            for attempt in range(FOLLOW_UP_TRIES):
+                todo = [i for i, c in enumerate(chats) if len(c) == 2 * turn and tries[i] == attempt]
+                if not todo:
+                    continue
+
+                def written(k: int, text: str | None, todo=todo) -> None:
+                    tries[todo[k]] += 1
+                    why = turns.reason(text)
+                    rejected.update([why] if why else [])
+                    if not why:
+                        chats[todo[k]].append({"role": "user", "content": text})
+                        turns.keep(text)
+                    if (k + 1) % SAVE_EVERY == 0:
+                        save()
+
+                prefixes = [user_turn_prefix(self.tok, chats[i], src.task) for i in todo]
+                prompts = (
+                    Turn(self.tok(p, add_special_tokens=False)["input_ids"], self._seed(name, f"turn{turn}:{attempt}", i))
+                    for (p, _), i in zip(prefixes, todo, strict=True)
+                )
+                self._sample(prompts, prefixes[0][1], src, _InOrder(written))
+                save()
+                followed = sum(len(chats[i]) > 2 * turn for i in todo)
+                self.log(f"{name}: turn {turn + 1} written for {followed} of {len(todo)} conversations (try {attempt + 1})")
+
+    def _answer(self, chats: list[list[dict]], name: str, turn: int, take: Callable[[int, str], None]) -> None:
+        """The target's answer to each conversation (ending with a user turn), as data.generation says:
+        take(k, text) as conversation k's answer ends."""
         gen = self.data.generation
-        ids = [
-            self.tok(self.tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-            for m in chats
-        ]
-        out = generate_batch(
-            self.model, ids, gen.max_new_tokens, self.answer_stops, self.tok.pad_token_id, gen.temperature, gen.top_p, seed=seed,
-            batch_size=gen.batch_size,
+        prompts = (
+            Turn(
+                self.tok(self.tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"],
+                self._seed(name, f"answer{turn}", k),
+            )
+            for k, m in enumerate(chats)
         )
-        return [self.tok.decode(_without_stop(a, self.answer_stops), skip_special_tokens=True).strip() for a in out]
 
-    def _follow_up_turns(self, chats, src, name, step: str, turns: TurnFilter, rejected: Counter) -> list[str | None]:
-        """The next user turn of each conversation (ending with an answer); None where no try was usable."""
-        prefixes = [user_turn_prefix(self.tok, c, src.task) for c in chats]
-        ids = [self.tok(p, add_special_tokens=False)["input_ids"] for p, _ in prefixes]
-        written: list[str | None] = [None] * len(chats)
-        for attempt in range(FOLLOW_UP_TRIES):
-            todo = [i for i, w in enumerate(written) if w is None]
-            if not todo:
-                break
-            texts = self._sample([ids[i] for i in todo], prefixes[0][1], src, self._seed(name, f"turn{step}", attempt))
-            for i, text in zip(todo, texts, strict=True):
-                why = turns.reason(text)
-                rejected.update([why] if why else [])
-                if not why:
-                    written[i] = text
-                    turns.keep(text)
-        return written
+        def text_of(k: int, a: Answer) -> None:
+            take(k, self.tok.decode(_without_stop(a, self.answer_stops), skip_special_tokens=True).strip())
 
-    def _sample(self, prompts: list[list[int]], closing: str, src: SourceConfig, seed: int) -> list[str | None]:
-        """Sampled user turns, cut at the end-of-turn; None for one not ended within src.max_tokens."""
+        sampling = SamplingParams(temperature=gen.temperature, top_p=gen.top_p)
+        answer_stream(self.model, prompts, gen.max_new_tokens, self.answer_stops, text_of, sampling, gen.batch_size)
+
+    def _sample(self, prompts: Iterable[Turn], closing: str, src: SourceConfig, judge: Callable[[int, str | None], None]) -> None:
+        """Sampled user turns, cut at the end-of-turn, handed to judge(i, text) as prompt i's ends; text
+        is None for one not ended within src.max_tokens."""
         stops = set(self.answer_stops)
         closing_ids = self.tok(closing, add_special_tokens=False)["input_ids"]
         if closing_ids and closing_ids[0] in set(self.tok.all_special_ids):
             stops.add(closing_ids[0])  # the token that ends a user turn (<|im_end|>, <|eot_id|>, ...)
-        out = generate_batch(
-            self.model, prompts, src.max_tokens, stops, self.tok.pad_token_id, src.temperature, src.top_p, seed=seed,
-            batch_size=self.data.generation.batch_size,  # per-prompt seeds: the batch size changes no sample
-        )
         markers = [m for m in [*self.tok.all_special_tokens, closing.strip()] if m]
-        texts = []
-        for a in out:
+
+        def text_of(i: int, a: Answer) -> None:
             text = self.tok.decode(_without_stop(a, stops), skip_special_tokens=False)
-            cut = min((i for i in (text.find(m) for m in markers) if i >= 0), default=-1)
-            texts.append(text[:cut].strip() if cut >= 0 else text.strip() if a.finished else None)
-        return texts
+            cut = min((pos for pos in (text.find(m) for m in markers) if pos >= 0), default=-1)
+            judge(i, text[:cut].strip() if cut >= 0 else text.strip() if a.finished else None)
+
+        sampling = SamplingParams(temperature=src.temperature, top_p=src.top_p)
+        # Per-turn seeds: the batch size changes no sample.
+        answer_stream(self.model, prompts, src.max_tokens, stops, text_of, sampling, self.data.generation.batch_size)
 
     def _seed(self, name: str, stage: str, step: int) -> int:
         return zlib.crc32(f"{self.data.seed}:{name}:{stage}:{step}".encode())
+
+
+class _InOrder:
+    """Hands streamed results to `take(i, value)` in index order, whatever order they arrive in."""
+
+    def __init__(self, take: Callable, start: int = 0):
+        self.take, self.next, self.waiting = take, start, {}
+
+    def __call__(self, i: int, value) -> None:
+        self.waiting[i] = value
+        while self.next in self.waiting:
+            self.take(self.next, self.waiting.pop(self.next))
+            self.next += 1
+
+    def offset(self, base: int) -> Callable:
+        """The same, for a stream whose item 0 is index `base`."""
+        return lambda i, value: self(base + i, value)
+
+
+class _Saver:
+    """Writes the writer's progress (state plus the rejected counts) atomically."""
+
+    def __init__(self, path: Path, state: dict, rejected: Counter):
+        self.path, self.state, self.rejected = path, state, rejected
+
+    def __call__(self) -> None:
+        self.state["rejected"] = dict(self.rejected)
+        _save(self.path, self.state)
 
 
 def _without_stop(answer, stops: set[int]) -> list[int]:

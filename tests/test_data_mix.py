@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -66,40 +67,49 @@ POOL = [
 UNFINISHED = "this one never stops"
 
 
-class FakeGenerate:
-    """Stands in for generate_batch: each row gets a seeded pick from POOL (or a text that never ends).
+class FakeStream:
+    """Stands in for answer_stream: each turn gets a pick from POOL seeded by the turn's seed (or a text
+    that never ends). Up to `rows` turns are in flight and answered last first, as rows finishing out of
+    order would be.
 
-    sequential: POOL in order instead, the text that never ends fourth, so every filter is met early.
+    sequential: POOL in order instead (by the order turns are read), the text that never ends fourth,
+    so every filter is met early.
     """
 
-    def __init__(self, tok, sequential=False):
-        self.tok, self.calls, self.prompts, self.sequential = tok, 0, [], sequential
+    def __init__(self, tok, sequential=False, rows=3):
+        self.tok, self.sequential, self.rows = tok, sequential, rows
+        self.calls, self.answered, self.prompts = 0, 0, []
 
-    def __call__(self, model, prompts, max_new_tokens, eos_ids, pad_id, temperature=0.0, top_p=1.0, seed=None, batch_size=None):
+    def __call__(self, model, turns, max_new_tokens, eos_ids, on_answer, sampling=None, batch_size=64):
         self.calls += 1
-        self.prompts += prompts
-        rng = random.Random(seed)
-        out = []
         order = POOL[:3] + [UNFINISHED] + POOL[3:]
-        for i in range(len(prompts)):
-            k = len(self.prompts) - len(prompts) + i  # rows handed out before this one
-            text = order[k % len(order)] if self.sequential else rng.choice(POOL + [UNFINISHED])
-            ids = self.tok(text, add_special_tokens=False)["input_ids"]
-            out.append(Answer(ids, False) if text == UNFINISHED else Answer(ids + [2], True))
-        return out
+        stream = enumerate(turns)
+        while batch := list(itertools.islice(stream, self.rows)):
+            texts = []
+            for _, turn in batch:
+                self.prompts.append(turn.ids)
+                pick = (
+                    order[(len(self.prompts) - 1) % len(order)]
+                    if self.sequential
+                    else random.Random(turn.seed).choice(POOL + [UNFINISHED])
+                )
+                texts.append(pick)
+            for (i, _), text in reversed(list(zip(batch, texts, strict=True))):
+                self.answered += 1
+                ids = self.tok(text, add_special_tokens=False)["input_ids"]
+                on_answer(i, Answer(ids, False) if text == UNFINISHED else Answer(ids + [2], True))
 
 
 def _writer(tmp_path, tok, **gen):
-    model = torch.nn.Linear(1, 1)  # never called: FakeGenerate answers
+    model = torch.nn.Linear(1, 1)  # never called: FakeStream answers
     model.generation_config = type("G", (), {"eos_token_id": 2})()
     data = DataConfig(output_dir=str(tmp_path), generation=GenerationConfig(**gen), seed=0)
     return PromptWriter(model, tok, tmp_path / "self_written", data, log=lambda *_: None)
 
 
 def test_written_prompts_are_filtered_deduplicated_and_cached(tmp_path, smol_tok, monkeypatch):
-    fake = FakeGenerate(smol_tok, sequential=True)
-    monkeypatch.setattr(magpie, "generate_batch", fake)
-    monkeypatch.setattr(magpie, "ROWS", 4)
+    fake = FakeStream(smol_tok, sequential=True)
+    monkeypatch.setattr(magpie, "answer_stream", fake)
     src = SourceConfig(domain="chat", kind="self_written", num_prompts=6, min_words=3, max_words=30)
     writer = _writer(tmp_path, smol_tok)
     prompts = [c[0] for c in writer(src, "chat", 6)]
@@ -111,7 +121,10 @@ def test_written_prompts_are_filtered_deduplicated_and_cached(tmp_path, smol_tok
     stats = json.loads((tmp_path / "self_written" / "chat.json").read_text())["rejected"]
     assert stats["not ended within max_tokens"] > 0 and stats["fewer than min_words=3 words"] > 0
     assert "shares a 13-word window with an evaluation question" in stats
-    # Every call saw only the template's user-turn prefix.
+    assert sum(stats.values()) + len(prompts) == fake.answered, (
+        "every candidate written was judged: none in excess"
+    )
+    # Every candidate saw only the template's user-turn prefix.
     prefix_ids = smol_tok(SMOL_SYSTEM + "<|im_start|>user\n", add_special_tokens=False)["input_ids"]
     assert all(p == prefix_ids for p in fake.prompts)
     calls = fake.calls
@@ -120,54 +133,79 @@ def test_written_prompts_are_filtered_deduplicated_and_cached(tmp_path, smol_tok
 
 
 @pytest.mark.parametrize("turns", [1, 2])
+def test_the_prompts_kept_do_not_depend_on_the_order_rows_finish_in(tmp_path, smol_tok, monkeypatch, turns):
+    src = SourceConfig(
+        domain="chat", kind="self_written", num_prompts=7, turns=turns, min_words=3, max_words=30
+    )
+    written = []
+    for rows in (1, 4):
+        monkeypatch.setattr(magpie, "answer_stream", FakeStream(smol_tok, rows=rows))
+        written.append(_writer(tmp_path / str(rows), smol_tok)(src, "chat", 7))
+    assert written[0] == written[1] and len(written[0]) == 7
+
+
+@pytest.mark.parametrize("turns", [1, 2])
 def test_interrupted_writing_resumes_to_the_same_prompts(tmp_path, smol_tok, monkeypatch, turns):
-    monkeypatch.setattr(magpie, "ROWS", 2)
-    src = SourceConfig(domain="chat", kind="self_written", num_prompts=5, turns=turns, min_words=3, max_words=30)
-    uninterrupted = FakeGenerate(smol_tok)
-    monkeypatch.setattr(magpie, "generate_batch", uninterrupted)
+    monkeypatch.setattr(magpie, "SAVE_EVERY", 2)
+    src = SourceConfig(
+        domain="chat", kind="self_written", num_prompts=5, turns=turns, min_words=3, max_words=30
+    )
+    uninterrupted = FakeStream(smol_tok)
+    monkeypatch.setattr(magpie, "answer_stream", uninterrupted)
     reference = _writer(tmp_path / "ref", smol_tok)(src, "chat", 5)
 
-    fake = FakeGenerate(smol_tok)
-    # One prompt: die after two calls. Two turns: die in the last batch of follow-ups.
-    die_at = 2 if turns == 1 else uninterrupted.calls - 1
+    fake = FakeStream(smol_tok)
+    die_at = uninterrupted.answered - 1  # one turn: among the first turns; two: among the follow-ups
 
-    def dies(*a, **k):
-        if fake.calls == die_at:
-            raise KeyboardInterrupt
-        return fake(*a, **k)
+    def dies(model, turns, max_new_tokens, eos_ids, on_answer, *a, **k):
+        def answer_or_die(i, answer):
+            if fake.answered >= die_at:
+                raise KeyboardInterrupt
+            on_answer(i, answer)
 
-    monkeypatch.setattr(magpie, "generate_batch", dies)
+        return fake(model, turns, max_new_tokens, eos_ids, answer_or_die, *a, **k)
+
+    monkeypatch.setattr(magpie, "answer_stream", dies)
     with pytest.raises(KeyboardInterrupt):
         _writer(tmp_path, smol_tok)(src, "chat", 5)
-    assert (tmp_path / "self_written" / "chat.progress.json").is_file()
-    fresh = FakeGenerate(smol_tok)
-    monkeypatch.setattr(magpie, "generate_batch", fresh)
+    progress = json.loads((tmp_path / "self_written" / "chat.progress.json").read_text())
+    fresh = FakeStream(smol_tok)
+    monkeypatch.setattr(magpie, "answer_stream", fresh)
     assert _writer(tmp_path, smol_tok)(src, "chat", 5) == reference
     if turns == 1:
-        assert fake.calls + fresh.calls == uninterrupted.calls, "the finished calls are not made again"
+        assert progress["next"] > 0 and fresh.answered == uninterrupted.answered - progress["next"], (
+            "the candidates judged before the last save are not written again"
+        )
     else:
-        assert fresh.calls <= 1 + magpie.FOLLOW_UP_TRIES, "only the unfinished batch of conversations is redone"
+        prefix_ids = smol_tok(SMOL_SYSTEM + "<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+        redone = [smol_tok.decode(p) for p in fresh.prompts]
+        assert fresh.prompts and prefix_ids not in fresh.prompts, "no first turn is written again"
+        assert not any(p.endswith("<|im_start|>assistant\n") for p in redone), (
+            "no conversation is answered again"
+        )
     assert not (tmp_path / "self_written" / "chat.progress.json").exists()
 
 
 def test_follow_up_turns_are_written_after_the_targets_answer(tmp_path, smol_tok, monkeypatch):
-    fake = FakeGenerate(smol_tok)
-    monkeypatch.setattr(magpie, "generate_batch", fake)
-    monkeypatch.setattr(magpie, "ROWS", 4)
+    fake = FakeStream(smol_tok)
+    monkeypatch.setattr(magpie, "answer_stream", fake)
     src = SourceConfig(domain="chat", kind="self_written", num_prompts=4, turns=2, min_words=3, max_words=30)
     convs = _writer(tmp_path, smol_tok, max_new_tokens=20)(src, "chat", 4)
     assert len(convs) == 4 and sum(len(c) == 2 for c in convs) >= 3
     turns = [t for c in convs for t in c]
-    assert len({" ".join(re.findall(r"\w+", t.lower())) for t in turns}) == len(turns), "follow-ups are deduplicated too"
+    assert len({" ".join(re.findall(r"\w+", t.lower())) for t in turns}) == len(turns), (
+        "follow-ups are deduplicated too"
+    )
     # The follow-up writer saw the conversation: first turn, the (fake) answer, then an open user turn.
-    follow_prompts = [smol_tok.decode(p) for p in fake.prompts if smol_tok.decode(p).count("<|im_start|>user") == 2]
+    follow_prompts = [
+        smol_tok.decode(p) for p in fake.prompts if smol_tok.decode(p).count("<|im_start|>user") == 2
+    ]
     assert follow_prompts and all(p.endswith("<|im_end|>\n<|im_start|>user\n") for p in follow_prompts)
     assert any(f"user\n{convs[0][0]}<|im_end|>\n<|im_start|>assistant\n" in p for p in follow_prompts)
 
 
 @pytest.mark.real_target
-def test_the_real_target_writes_clean_user_turns(tmp_path, smol_tok, smol_fp32, monkeypatch):
-    monkeypatch.setattr(magpie, "ROWS", 4)
+def test_the_real_target_writes_clean_user_turns(tmp_path, smol_tok, smol_fp32):
     src = SourceConfig(domain="chat", kind="self_written", num_prompts=2, max_tokens=40, min_words=2, max_words=60)
     writer = PromptWriter(smol_fp32, smol_tok, tmp_path, DataConfig(seed=0), log=lambda *_: None)
     convs = writer(src, "chat", 2)
