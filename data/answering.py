@@ -8,7 +8,8 @@ A conversation is answered turn by turn, earlier answers in context: each next t
 so far (the generated ids verbatim) plus the template text that follows the last answer
 (headway.data.chat.next_turn_ids). A turn that cannot be built, or would not fit the model's positions,
 ends the conversation there (counted in the shard's `skipped`). The row's loss mask is 1 exactly on
-the generated ids.
+the generated ids. A conversation that carries the target's own answer to its first turn (written while
+its next user turn was, headway.data.magpie) starts at its second turn, that answer fed as given.
 """
 
 from __future__ import annotations
@@ -60,10 +61,18 @@ class ShardWork:
 class ConversationJob:
     def __init__(self, conv: Conversation, first_ids: list[int], tok, settings: TurnSettings, shard: ShardWork, slot: int):
         self.conv, self.tok, self.settings, self.shard, self.slot = conv, tok, settings, shard, slot
-        self.context = first_ids  # the ids the current turn answers
+        self.first_ids = first_ids
+        self._restart()
+        if conv.first_answer is not None:  # the target answered this context already: feed, do not generate
+            given = Answer(list(conv.first_answer["tokens"]), conv.first_answer["finished"])
+            if self._take(given)[0] is None:  # no next turn to generate after it: answer the first turn here
+                self._restart()
+
+    def _restart(self) -> None:
+        self.context = self.first_ids  # the ids the current turn answers
         self.ids: list[int] = []
         self.mask: list[int] = []
-        self.messages = [{"role": "user", "content": conv.turns[0]}]
+        self.messages = [{"role": "user", "content": self.conv.turns[0]}]
         self.turns = 0  # answered so far
         self.finished = True
 
@@ -75,25 +84,30 @@ class ConversationJob:
         return self._turn()
 
     def answered(self, answer: Answer) -> Turn | None:
+        self.shard.gen_tokens += len(answer.tokens)
+        turn, why = self._take(answer)
+        if why is not None:
+            self.shard.skipped[why] += 1
+        return turn
+
+    def _take(self, answer: Answer) -> tuple[Turn | None, str | None]:
+        """Append the answer; the next turn (None when the conversation ends there), and why it ended early."""
         self.mask += [0] * (len(self.context) - len(self.ids)) + [1] * len(answer.tokens)
         self.ids = self.context + answer.tokens
         self.finished &= answer.finished
         self.turns += 1
-        self.shard.gen_tokens += len(answer.tokens)
         text = self.tok.decode(answer.tokens[:-1] if answer.finished else answer.tokens, skip_special_tokens=False)
         self.messages.append({"role": "assistant", "content": text})
         if self.turns >= len(self.conv.turns):
-            return None
+            return None, None
         self.messages.append({"role": "user", "content": self.conv.turns[self.turns]})
         ctx = next_turn_ids(self.tok, self.messages, self.ids, answer.finished)
         if ctx is None:
-            self.shard.skipped["later turn dropped: chat template does not render the answer verbatim"] += 1
-            return None
+            return None, "later turn dropped: chat template does not render the answer verbatim"
         if len(ctx) + self.settings.max_new_tokens > self.settings.max_context:
-            self.shard.skipped["later turn dropped: context would exceed the model's max positions"] += 1
-            return None
+            return None, "later turn dropped: context would exceed the model's max positions"
         self.context = ctx
-        return self._turn()
+        return self._turn(), None
 
     def done(self, features: dict[str, torch.Tensor] | None) -> None:
         c = self.conv

@@ -196,7 +196,7 @@ def distill(
         todo = []
     elif len(todo) < len(mine):
         log(f"resuming: {len(mine) - len(todo)} of {len(mine)} shards already done")
-    n_answers = sum(sum(len(c.turns) for c, _ in shards[k]) for k in todo)
+    n_answers = sum(len(c.turns) - (c.first_answer is not None) for k in todo for c, _ in shards[k])  # kept answers: fed
     bar = tqdm(total=n_answers, desc="answers", unit="ans", disable=not state.is_local_main_process or n_answers == 0)
     t0, done_tokens, clock = time.perf_counter(), 0, ShardClock()
 

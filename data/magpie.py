@@ -10,7 +10,8 @@ can so still train a drafter:
 `task` goes in the system turn while the target writes (the template's default system turn otherwise);
 the answers are generated later with the template's default, as at evaluation. With `turns: 2` the
 target answers its first turn (greedy or sampled as data.generation says) and then writes the next user
-turn with that answer in view; the distiller answers both turns again, turn by turn. Written turns are
+turn with that answer in view; the distiller feeds that first answer as given (its context is the one the
+distiller would answer) and generates only the later turns. Written turns are
 stripped, length-filtered (min_words..max_words), deduplicated after normalising case and punctuation,
 and checked against the evaluation questions.
 
@@ -35,6 +36,7 @@ from pathlib import Path
 from headway.config import DataConfig, SourceConfig
 from headway.data.generate import Answer, Turn, answer_stream
 from headway.data.overlap import eval_overlap, words
+from headway.data.sources import Written
 from headway.sampling import SamplingParams
 from headway.target import stop_token_ids
 
@@ -98,15 +100,17 @@ class PromptWriter:
         self.answer_stops = stop_token_ids(model, tok)
         self.skipped: Counter = Counter()  # rejected written turns, by source and reason
 
-    def __call__(self, src: SourceConfig, name: str, n: int) -> list[list[str]]:
+    def __call__(self, src: SourceConfig, name: str, n: int) -> list[Written]:
         done = self.cache_dir / f"{name}.json"
         if not done.is_file():
             self._write(src, name, n, done)
         result = json.loads(done.read_text())
         self.skipped.update({f"{name}: written turn dropped, {k}": v for k, v in result["rejected"].items()})
-        if len(result["conversations"]) < n:
-            self.skipped[f"{name}: fewer prompts written than num_prompts"] += n - len(result["conversations"])
-        return result["conversations"]
+        convs = result["conversations"]
+        if len(convs) < n:
+            self.skipped[f"{name}: fewer prompts written than num_prompts"] += n - len(convs)
+        answers = result.get("first_answers", [None] * len(convs))  # a folder from before: none kept
+        return [Written(turns, a) for turns, a in zip(convs, answers, strict=True)]
 
     # ------------------------------------------------------------ writing
 
@@ -123,14 +127,16 @@ class PromptWriter:
             turns.keep(t)
         save = _Saver(progress_path, state, rejected)
         self._first_turns(src, name, n, state, turns, rejected, save)
+        result = {"conversations": [[t] for t in state["first"]]}
         if src.turns > 1:
             self._follow_ups(src, name, state, turns, rejected, save)
-            convs = [[m["content"] for m in c if m["role"] == "user"] for c in state["chats"]]
-        else:
-            convs = [[t] for t in state["first"]]
-        _save(done, {"conversations": convs, "rejected": dict(rejected)})
+            chats = state["chats"]
+            result["conversations"] = [[m["content"] for m in c if m["role"] == "user"] for c in chats]
+            # The first answer, where a next turn follows it: the distiller feeds it instead of answering again.
+            result["first_answers"] = [c[1]["answer"] if len(c) > 2 else None for c in chats]
+        _save(done, {**result, "rejected": dict(rejected)})
         progress_path.unlink(missing_ok=True)
-        self.log(f"{name}: {len(convs)} self-written conversations ({sum(rejected.values())} written turns dropped)")
+        self.log(f"{name}: {len(result['conversations'])} self-written conversations ({sum(rejected.values())} written turns dropped)")
 
     def _first_turns(self, src, name, n, state, turns: TurnFilter, rejected: Counter, save: _Saver) -> None:
         """Candidate first turns streamed through the generator until n are usable.
@@ -184,8 +190,9 @@ class PromptWriter:
         for turn in range(1, src.turns):
             asked = [i for i, c in enumerate(chats) if len(c) == 2 * turn - 1]  # its turn-th user turn is open
 
-            def answered(k: int, text: str, asked=asked) -> None:
-                chats[asked[k]].append({"role": "assistant", "content": text})
+            def answered(k: int, text_answer: tuple[str, dict], asked=asked) -> None:
+                text, answer = text_answer
+                chats[asked[k]].append({"role": "assistant", "content": text, "answer": answer})
                 tries[asked[k]] = 0
                 if (k + 1) % SAVE_EVERY == 0:
                     save()
@@ -207,7 +214,7 @@ class PromptWriter:
                     if (k + 1) % SAVE_EVERY == 0:
                         save()
 
-                prefixes = [user_turn_prefix(self.tok, chats[i], src.task) for i in todo]
+                prefixes = [user_turn_prefix(self.tok, _messages(chats[i]), src.task) for i in todo]
                 prompts = (
                     Turn(self.tok(p, add_special_tokens=False)["input_ids"], self._seed(name, f"turn{turn}:{attempt}", i))
                     for (p, _), i in zip(prefixes, todo, strict=True)
@@ -217,20 +224,24 @@ class PromptWriter:
                 followed = sum(len(chats[i]) > 2 * turn for i in todo)
                 self.log(f"{name}: turn {turn + 1} written for {followed} of {len(todo)} conversations (try {attempt + 1})")
 
-    def _answer(self, chats: list[list[dict]], name: str, turn: int, take: Callable[[int, str], None]) -> None:
+    def _answer(self, chats: list[list[dict]], name: str, turn: int, take: Callable[[int, tuple[str, dict]], None]) -> None:
         """The target's answer to each conversation (ending with a user turn), as data.generation says:
-        take(k, text) as conversation k's answer ends."""
+        take(k, (text, {"tokens", "finished"})) as conversation k's answer ends.
+
+        A first turn's context is the distiller's (headway.data.chat.first_turn_ids), so its answer can be
+        fed there instead of generated again."""
         gen = self.data.generation
         prompts = (
             Turn(
-                self.tok(self.tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"],
+                self.tok(self.tok.apply_chat_template(_messages(m), tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"],
                 self._seed(name, f"answer{turn}", k),
             )
             for k, m in enumerate(chats)
         )
 
         def text_of(k: int, a: Answer) -> None:
-            take(k, self.tok.decode(_without_stop(a, self.answer_stops), skip_special_tokens=True).strip())
+            text = self.tok.decode(_without_stop(a, self.answer_stops), skip_special_tokens=True).strip()
+            take(k, (text, {"tokens": a.tokens, "finished": a.finished}))
 
         sampling = SamplingParams(temperature=gen.temperature, top_p=gen.top_p)
         answer_stream(self.model, prompts, gen.max_new_tokens, self.answer_stops, text_of, sampling, gen.batch_size)
@@ -283,6 +294,11 @@ class _Saver:
     def __call__(self) -> None:
         self.state["rejected"] = dict(self.rejected)
         _save(self.path, self.state)
+
+
+def _messages(chat: list[dict]) -> list[dict]:
+    """A chat's messages as the template takes them (without the kept answer ids)."""
+    return [{"role": m["role"], "content": m["content"]} for m in chat]
 
 
 def _without_stop(answer, stops: set[int]) -> list[int]:

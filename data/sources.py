@@ -24,8 +24,8 @@ from headway.data.overlap import eval_overlap
 from headway.data.prompt_files import load_json_rows
 from headway.paths import resolve_path
 
-# (source, its name, how many prompts) -> conversations as lists of user turns; see headway.data.magpie.
-PromptWriter = Callable[[SourceConfig, str, int], list[list[str]]]
+# (source, its name, how many prompts) -> the conversations it wrote; see headway.data.magpie.
+PromptWriter = Callable[[SourceConfig, str, int], list["Written"]]
 # Fields every data folder's identity records; later fields are recorded only when set (old folders resume).
 _RECORDED_FIELDS = ("path", "domain", "num_prompts", "split", "format", "name")
 
@@ -36,6 +36,18 @@ class Conversation:
     source: str
     domain: str
     turns: list[str]  # user turns, answered one after the other
+    # The target's own answer to turns[0], {"tokens", "finished"}, where it already wrote one from the same
+    # context (a self_written follow-up was written after it): the distiller feeds it instead of answering again.
+    first_answer: dict | None = None
+
+
+@dataclass
+class Written:
+    """A conversation a PromptWriter wrote: its user turns, and the target's answer to the first where it
+    answered it to write the next."""
+
+    turns: list[str]
+    first_answer: dict | None = None
 
 
 def source_name(src: SourceConfig) -> str:
@@ -121,8 +133,11 @@ def source_identity(src: SourceConfig) -> dict:
     return out
 
 
-def source_turns(src: SourceConfig, name: str, n: int | None, seed: int, writer: PromptWriter | None) -> list[list[str]] | None:
-    """The source's candidate conversations (lists of user turns); None: a self_written source without a writer."""
+def source_turns(
+    src: SourceConfig, name: str, n: int | None, seed: int, writer: PromptWriter | None
+) -> list[list[str] | Written] | None:
+    """The source's candidate conversations (lists of user turns, or what a writer wrote); None: a
+    self_written source without a writer."""
     where = f"data.sources entry {name!r}"
     if src.kind == "file":
         if not src.path:
@@ -163,9 +178,12 @@ def load_conversations(cfg: DataConfig, writer: PromptWriter | None = None) -> t
             skipped[f"{name}: self_written source skipped (no target to write its prompts)"] += 1
             continue
         usable, seen = [], set()
-        for i, turns in enumerate(candidates):
-            turns = [t.strip() for t in turns]
+        for i, row in enumerate(candidates):
+            written = row.turns if isinstance(row, Written) else row
+            turns = [t.strip() for t in written]
             turns = [t for t in turns if t][: cfg.generation.max_turns]
+            # A kept answer is fed only where its turn is answered and followed by the same next turn.
+            first_answer = row.first_answer if isinstance(row, Written) and turns[:2] == written[:2] else None
             if not turns:
                 skipped[f"{name}: row without a usable prompt"] += 1
                 continue
@@ -177,7 +195,7 @@ def load_conversations(cfg: DataConfig, writer: PromptWriter | None = None) -> t
             if any(overlap.hits(t) for t in turns):
                 skipped[f"{name}: shares a 13-word window with an evaluation question"] += 1
                 continue
-            usable.append(Conversation(f"{name}:{i}", name, src.domain, turns))
+            usable.append(Conversation(f"{name}:{i}", name, src.domain, turns, first_answer if len(turns) > 1 else None))
         if not usable:
             what = f"format {src.format!r}" if src.kind == "file" else f"kind {src.kind!r}"
             raise ValueError(f"prompt source {src.path or name} has no usable prompts ({what})")

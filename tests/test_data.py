@@ -225,6 +225,35 @@ def test_resume_after_interruption(tmp_path, tiny_smol_vocab, smol_tok, monkeypa
     assert rows == _all_rows(ref_cfg.data.output_dir), "same rows as an uninterrupted run"
 
 
+def test_a_kept_first_answer_is_fed_not_generated_again(tiny_smol_vocab, smol_tok):
+    """A conversation that carries the target's own first answer (Magpie's follow-up writer kept it) gives
+    the row and features of one answered from scratch, and the generator answers only its second turn."""
+    from headway.data.answering import ShardWork, TurnSettings
+    from headway.data.generate import Generator
+    from headway.data.sources import Conversation
+    from headway.features import FeatureSpec
+
+    turns = ["Name three colours.", "Now three animals."]
+    settings = TurnSettings(max_new_tokens=10, max_context=4096, seed=0)
+    spec = FeatureSpec(layers=(0,), final_normed=True)
+
+    def run(first_answer):
+        shard, generated = ShardWork(0, 1, lambda s: None), []
+        job = ConversationJob(Conversation("c:0", "c", "chat", turns, first_answer), first_turn_ids(smol_tok, turns[0]), smol_tok, settings, shard, 0)
+        Generator(tiny_smol_vocab, 2, 10, {2}, capture=spec, on_answer=generated.append).run([job])
+        return shard, generated
+
+    scratch, generated = run(None)
+    assert len(generated) == 2 and scratch.rows[0]["num_turns"] == 2
+    fed, generated_fed = run({"tokens": generated[0].tokens, "finished": generated[0].finished})
+    assert generated_fed == generated[1:], "only the second turn is generated"
+    assert fed.rows == scratch.rows, "same ids, loss mask, turns"
+    assert fed.gen_tokens == len(generated[1].tokens), "the fed answer is not counted as generated in this run"
+    for key, t in scratch.features[0].items():  # fp32: a prefill over the fed answer equals its decode steps
+        scale = max(1.0, float(t.abs().max()))
+        assert (fed.features[0][key] - t).abs().max() <= 1e-4 * scale, key
+
+
 def test_overlong_prompts_are_skipped_and_counted(tmp_path, tiny_smol_vocab, smol_tok):
     long_prompt = {"turns": ["word " * 400]}
     src = _write_jsonl(tmp_path / "p.jsonl", PROMPTS[:3] + [long_prompt])

@@ -78,7 +78,7 @@ class FakeStream:
 
     def __init__(self, tok, sequential=False, rows=3):
         self.tok, self.sequential, self.rows = tok, sequential, rows
-        self.calls, self.answered, self.prompts = 0, 0, []
+        self.calls, self.answered, self.prompts, self.answers = 0, 0, [], {}
 
     def __call__(self, model, turns, max_new_tokens, eos_ids, on_answer, sampling=None, batch_size=64):
         self.calls += 1
@@ -94,10 +94,12 @@ class FakeStream:
                     else random.Random(turn.seed).choice(POOL + [UNFINISHED])
                 )
                 texts.append(pick)
-            for (i, _), text in reversed(list(zip(batch, texts, strict=True))):
+            for (i, turn), text in reversed(list(zip(batch, texts, strict=True))):
                 self.answered += 1
                 ids = self.tok(text, add_special_tokens=False)["input_ids"]
-                on_answer(i, Answer(ids, False) if text == UNFINISHED else Answer(ids + [2], True))
+                answer = Answer(ids, False) if text == UNFINISHED else Answer(ids + [2], True)
+                self.answers[tuple(turn.ids)] = answer
+                on_answer(i, answer)
 
 
 def _writer(tmp_path, tok, **gen):
@@ -112,8 +114,8 @@ def test_written_prompts_are_filtered_deduplicated_and_cached(tmp_path, smol_tok
     monkeypatch.setattr(magpie, "answer_stream", fake)
     src = SourceConfig(domain="chat", kind="self_written", num_prompts=6, min_words=3, max_words=30)
     writer = _writer(tmp_path, smol_tok)
-    prompts = [c[0] for c in writer(src, "chat", 6)]
-    assert len(prompts) == 6 and all(len(c) == 1 for c in writer(src, "chat", 6))
+    prompts = [c.turns[0] for c in writer(src, "chat", 6)]
+    assert len(prompts) == 6 and all(len(c.turns) == 1 and c.first_answer is None for c in writer(src, "chat", 6))
     keys = [" ".join(re.findall(r"\w+", p.lower())) for p in prompts]
     assert len(set(keys)) == len(keys), "no duplicates, even after normalising case and punctuation"
     assert MT_BENCH_Q not in prompts and "Hi" not in prompts and UNFINISHED not in prompts
@@ -129,7 +131,7 @@ def test_written_prompts_are_filtered_deduplicated_and_cached(tmp_path, smol_tok
     assert all(p == prefix_ids for p in fake.prompts)
     calls = fake.calls
     again = _writer(tmp_path, smol_tok)(src, "chat", 6)
-    assert fake.calls == calls and [c[0] for c in again] == prompts, "a rerun reads the cache, writes nothing"
+    assert fake.calls == calls and [c.turns[0] for c in again] == prompts, "a rerun reads the cache, writes nothing"
 
 
 @pytest.mark.parametrize("turns", [1, 2])
@@ -190,7 +192,8 @@ def test_follow_up_turns_are_written_after_the_targets_answer(tmp_path, smol_tok
     fake = FakeStream(smol_tok)
     monkeypatch.setattr(magpie, "answer_stream", fake)
     src = SourceConfig(domain="chat", kind="self_written", num_prompts=4, turns=2, min_words=3, max_words=30)
-    convs = _writer(tmp_path, smol_tok, max_new_tokens=20)(src, "chat", 4)
+    written = _writer(tmp_path, smol_tok, max_new_tokens=20)(src, "chat", 4)
+    convs = [c.turns for c in written]
     assert len(convs) == 4 and sum(len(c) == 2 for c in convs) >= 3
     turns = [t for c in convs for t in c]
     assert len({" ".join(re.findall(r"\w+", t.lower())) for t in turns}) == len(turns), (
@@ -202,6 +205,25 @@ def test_follow_up_turns_are_written_after_the_targets_answer(tmp_path, smol_tok
     ]
     assert follow_prompts and all(p.endswith("<|im_end|>\n<|im_start|>user\n") for p in follow_prompts)
     assert any(f"user\n{convs[0][0]}<|im_end|>\n<|im_start|>assistant\n" in p for p in follow_prompts)
+    # The answer each follow-up was written after is kept, as the distiller would see it: its first-turn ids.
+    for c in written:
+        answer = fake.answers[tuple(first_turn_ids(smol_tok, c.turns[0]))]
+        if len(c.turns) == 2:
+            assert c.first_answer == {"tokens": answer.tokens, "finished": answer.finished}
+        else:
+            assert c.first_answer is None, "no next turn follows it: the distiller answers the first turn itself"
+
+
+def test_kept_first_answers_reach_the_distillers_conversations(tmp_path, smol_tok, monkeypatch):
+    monkeypatch.setattr(magpie, "answer_stream", FakeStream(smol_tok))
+    src = SourceConfig(domain="chat", kind="self_written", num_prompts=4, turns=2, min_words=3, max_words=30, name="chat")
+    writer = _writer(tmp_path, smol_tok)
+    written = {tuple(c.turns): c.first_answer for c in writer(src, "chat", 4)}
+    convs, _ = load_conversations(DataConfig(sources=[src]), writer)
+    assert {tuple(c.turns): c.first_answer for c in convs} == written
+    assert any(a is not None for a in written.values())
+    one_turn, _ = load_conversations(DataConfig(sources=[src], generation=GenerationConfig(max_turns=1)), writer)
+    assert all(c.first_answer is None for c in one_turn), "a conversation cut to one turn answers it itself"
 
 
 @pytest.mark.real_target
@@ -210,7 +232,7 @@ def test_the_real_target_writes_clean_user_turns(tmp_path, smol_tok, smol_fp32):
     writer = PromptWriter(smol_fp32, smol_tok, tmp_path, DataConfig(seed=0), log=lambda *_: None)
     convs = writer(src, "chat", 2)
     assert len(convs) == 2, writer.skipped
-    for (text,) in convs:
+    for (text,) in (c.turns for c in convs):
         assert text == text.strip() and "<|im" not in text and 2 <= len(text.split()) <= 60
 
 
