@@ -197,7 +197,7 @@ class PromptWriter:
                 if (k + 1) % SAVE_EVERY == 0:
                     save()
 
-            self._answer([chats[i] for i in asked], name, turn, _InOrder(answered))
+            self._answer(chats, asked, name, turn, _InOrder(answered))
             save()
             for attempt in range(FOLLOW_UP_TRIES):
                 todo = [i for i, c in enumerate(chats) if len(c) == 2 * turn and tries[i] == attempt]
@@ -224,19 +224,20 @@ class PromptWriter:
                 followed = sum(len(chats[i]) > 2 * turn for i in todo)
                 self.log(f"{name}: turn {turn + 1} written for {followed} of {len(todo)} conversations (try {attempt + 1})")
 
-    def _answer(self, chats: list[list[dict]], name: str, turn: int, take: Callable[[int, tuple[str, dict]], None]) -> None:
-        """The target's answer to each conversation (ending with a user turn), as data.generation says:
-        take(k, (text, {"tokens", "finished"})) as conversation k's answer ends.
+    def _answer(self, chats, asked: list[int], name: str, turn: int, take: Callable[[int, tuple[str, dict]], None]) -> None:
+        """The target's answer to each conversation chats[asked[k]] (ending with a user turn), as
+        data.generation says: take(k, (text, {"tokens", "finished"})) as its answer ends. Seeded by the
+        conversation, so a resumed run samples what an uninterrupted one would.
 
         A first turn's context is the distiller's (headway.data.chat.first_turn_ids), so its answer can be
         fed there instead of generated again."""
         gen = self.data.generation
         prompts = (
             Turn(
-                self.tok(self.tok.apply_chat_template(_messages(m), tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"],
-                self._seed(name, f"answer{turn}", k),
+                self.tok(self.tok.apply_chat_template(_messages(chats[i]), tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"],
+                self._seed(name, f"answer{turn}", i),
             )
-            for k, m in enumerate(chats)
+            for i in asked
         )
 
         def text_of(k: int, a: Answer) -> None:

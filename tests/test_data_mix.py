@@ -188,6 +188,35 @@ def test_interrupted_writing_resumes_to_the_same_prompts(tmp_path, smol_tok, mon
     assert not (tmp_path / "self_written" / "chat.progress.json").exists()
 
 
+def test_writing_interrupted_while_answering_resumes_to_the_same_answers(tmp_path, smol_tok, monkeypatch):
+    monkeypatch.setattr(magpie, "SAVE_EVERY", 2)
+    src = SourceConfig(domain="chat", kind="self_written", num_prompts=5, turns=2, min_words=3, max_words=30)
+    monkeypatch.setattr(magpie, "answer_stream", FakeStream(smol_tok))
+    reference = _writer(tmp_path / "ref", smol_tok)(src, "chat", 5)
+
+    fake, asked = FakeStream(smol_tok), []
+
+    def dies(model, turns, *a, **k):
+        def pull(turns=turns):
+            for t in turns:
+                if smol_tok.decode(t.ids).endswith("<|im_start|>assistant\n"):  # an answer, not a user turn
+                    asked.append(t)
+                    if len(asked) == 4:
+                        raise KeyboardInterrupt
+                yield t
+
+        return fake(model, pull(), *a, **k)
+
+    monkeypatch.setattr(magpie, "answer_stream", dies)
+    with pytest.raises(KeyboardInterrupt):
+        _writer(tmp_path, smol_tok)(src, "chat", 5)
+    progress = json.loads((tmp_path / "self_written" / "chat.progress.json").read_text())
+    assert 0 < sum(len(c) > 1 for c in progress["chats"]) < 5, "died among the answers, some of them saved"
+    monkeypatch.setattr(magpie, "answer_stream", FakeStream(smol_tok))
+    # The fake's answers follow each turn's seed: the kept answers match only if seeds follow the conversation.
+    assert _writer(tmp_path, smol_tok)(src, "chat", 5) == reference
+
+
 def test_follow_up_turns_are_written_after_the_targets_answer(tmp_path, smol_tok, monkeypatch):
     fake = FakeStream(smol_tok)
     monkeypatch.setattr(magpie, "answer_stream", fake)
