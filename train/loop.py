@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from torch import nn
@@ -147,232 +148,275 @@ def train(
     on_step_end: Callable[[int], None] | None = None,
 ) -> TrainResult:
     """Train `objective` on `train_rows` (datasets.Dataset with input_ids, loss_mask); see the module docstring."""
-    out_dir = Path(cfg.output_dir)
-    ckpt_root = out_dir / "checkpoints"
-    main = accelerator.is_main_process
-    if main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    collate_fn = collate_fn or default_collate(pad_id, cfg.max_seq_len)
-    world, rank = accelerator.num_processes, accelerator.process_index
-
     for name, ds in (("train", train_rows), ("validation", val_rows)):
         if ds is not None and not {"input_ids", "loss_mask"} <= set(ds.column_names):
             raise ValueError(f"the {name} split needs columns input_ids and loss_mask, has {ds.column_names}")
-    lengths = row_lengths(train_rows, cfg.max_seq_len)
-    order = DataOrder(lengths, cfg.batch_size, world, rank, cfg.seed, cfg.group_by_length)
-    if cfg.max_steps is not None:
-        total_steps = cfg.max_steps
-    else:
-        total_steps = max(1, math.ceil(cfg.epochs * order.batches_per_epoch / cfg.grad_accum))
+    collate_fn = collate_fn or default_collate(pad_id, cfg.max_seq_len)
+    run = _Run(objective, train_rows, val_rows, cfg, accelerator, feature_source, collate_fn, run_config)
+    while run.state.step < run.total_steps:
+        run.step()
+        if on_step_end is not None:
+            on_step_end(run.state.step)
+    return run.finish()
 
-    module = ObjectiveModule(objective)
-    groups = objective.param_groups(cfg.lr) if hasattr(objective, "param_groups") else default_param_groups(module, cfg.lr)
-    optimizer = build_optimizer(groups, cfg)
-    scheduler = build_scheduler(optimizer, groups, total_steps, cfg.warmup_ratio)
-    if accelerator.state.deepspeed_plugin is not None:
-        # DeepSpeed sizes its buffers from these; our batches come from our own data order, not a prepared loader.
-        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
-        ds_config["train_micro_batch_size_per_gpu"] = cfg.batch_size
-        ds_config["gradient_accumulation_steps"] = cfg.grad_accum
-        ds_config["gradient_clipping"] = cfg.grad_clip
-        ds_config["train_batch_size"] = cfg.batch_size * cfg.grad_accum * world
-    model, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
-    signature = trainable_signature(module)
-    trainable_keys = {n for n, p in model.named_parameters() if p.requires_grad}
 
-    def keep_trainable_only(_models, weights, _output_dir):
-        # A frozen target inside the objective (Medusa-2) is not copied into every checkpoint.
-        for w in weights:
-            for k in [k for k in w if k not in trainable_keys]:
-                del w[k]
+class _Run:
+    """One training run: set up (prepare, resume), optimizer steps, validation, checkpoints, the end."""
 
-    accelerator.register_save_state_pre_hook(keep_trainable_only)
+    def __init__(self, objective, train_rows, val_rows, cfg: TrainConfig, accelerator, feature_source, collate_fn, run_config):
+        self.objective, self.train_rows, self.val_rows, self.cfg = objective, train_rows, val_rows, cfg
+        self.accelerator, self.feature_source, self.collate_fn = accelerator, feature_source, collate_fn
+        self.out_dir = Path(cfg.output_dir)
+        self.ckpt_root = self.out_dir / "checkpoints"
+        self.main = accelerator.is_main_process
+        if self.main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        self.order = DataOrder(row_lengths(train_rows, cfg.max_seq_len), cfg.batch_size, self.world, self.rank, cfg.seed, cfg.group_by_length)
+        if cfg.max_steps is not None:
+            self.total_steps = cfg.max_steps
+        else:
+            self.total_steps = max(1, math.ceil(cfg.epochs * self.order.batches_per_epoch / cfg.grad_accum))
+        self._prepare()
+        self.run_config = run_config or {"train": asdict(cfg)}
+        self.settings = run_settings(self.run_config, train_rows)
+        self.state = TrainerState(signature=self.signature)
+        self.resumed_from = self._resume()
+        self._start_logs(run_config is not None)
 
-    state = TrainerState(signature=signature)
-    settings = run_settings(run_config or {"train": asdict(cfg)}, train_rows)
-    resumed_from = None
-    if cfg.resume == "auto":
-        resumed_from, damaged = choose_checkpoint(ckpt_root)
-        for line in damaged:
-            accelerator.print(f"warning: {line}: falling back to {resumed_from} (train.resume=never starts over)")
-    if resumed_from is not None:
-        applied = check_settings(resumed_from, settings, out_dir)
+        self.model.train()
+        self.epoch_batches = self.order.batches(self.state.epoch)
+        self.interval: dict[str, torch.Tensor] = {}  # metric sums since the last train log
+        self.interval_micro, self.interval_tokens, self.t_start = 0, 0, time.perf_counter()
+        self.step_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not self.main, desc="train", dynamic_ncols=True)
+        self.memory_bound = CreepBound()
+
+    # ------------------------------------------------------------ set-up
+
+    def _prepare(self) -> None:
+        cfg, accelerator, objective = self.cfg, self.accelerator, self.objective
+        module = ObjectiveModule(objective)
+        groups = objective.param_groups(cfg.lr) if hasattr(objective, "param_groups") else default_param_groups(module, cfg.lr)
+        optimizer = build_optimizer(groups, cfg)
+        scheduler = build_scheduler(optimizer, groups, self.total_steps, cfg.warmup_ratio)
+        if accelerator.state.deepspeed_plugin is not None:
+            # DeepSpeed sizes its buffers from these; our batches come from our own data order, not a prepared loader.
+            ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+            ds_config["train_micro_batch_size_per_gpu"] = cfg.batch_size
+            ds_config["gradient_accumulation_steps"] = cfg.grad_accum
+            ds_config["gradient_clipping"] = cfg.grad_clip
+            ds_config["train_batch_size"] = cfg.batch_size * cfg.grad_accum * self.world
+        self.model, self.optimizer, self.scheduler = accelerator.prepare(module, optimizer, scheduler)
+        self.signature = trainable_signature(module)
+        trainable_keys = {n for n, p in self.model.named_parameters() if p.requires_grad}
+
+        def keep_trainable_only(_models, weights, _output_dir):
+            # A frozen target inside the objective (Medusa-2) is not copied into every checkpoint.
+            for w in weights:
+                for k in [k for k in w if k not in trainable_keys]:
+                    del w[k]
+
+        accelerator.register_save_state_pre_hook(keep_trainable_only)
+
+    def _resume(self) -> Path | None:
+        """Load the newest good checkpoint (train.resume=auto); returns where it came from, or None."""
+        accelerator = self.accelerator
+        resumed_from = None
+        if self.cfg.resume == "auto":
+            resumed_from, damaged = choose_checkpoint(self.ckpt_root)
+            for line in damaged:
+                accelerator.print(f"warning: {line}: falling back to {resumed_from} (train.resume=never starts over)")
+        if resumed_from is None:
+            return None
+        applied = check_settings(resumed_from, self.settings, self.out_dir)
         if applied:
             accelerator.print(applied_note(resumed_from, applied))
         saved = read_state(resumed_from)
-        if saved.signature != signature:
+        if saved.signature != self.signature:
             raise ValueError(
                 f"checkpoint {resumed_from} holds other trainable weights (signature {saved.signature}, this run "
-                f"{signature}): use another train.output_dir or train.resume=never"
+                f"{self.signature}): use another train.output_dir or train.resume=never"
             )
         # Only trainable weights are saved, so the module load is not strict (DeepSpeed names the flag its own way).
         not_strict = {"load_module_strict": False} if accelerator.state.deepspeed_plugin is not None else {"strict": False}
         accelerator.load_state(str(resumed_from), **not_strict)
-        state = saved
-        accelerator.print(f"resumed from {resumed_from} at step {state.step}")
+        self.state = saved
+        accelerator.print(f"resumed from {resumed_from} at step {saved.step}")
+        return resumed_from
 
-    if cfg.report_to != "none":
-        accelerator.init_trackers(
-            cfg.wandb_project,
-            config=_flat_config(run_config or {"train": asdict(cfg)}),
-            init_kwargs={"wandb": {"dir": str(out_dir), "name": out_dir.name}},
-        )
-    if main and run_config is not None:
-        (out_dir / "run_config.json").write_text(json.dumps(run_config, indent=2, default=str) + "\n")
-    if main:
-        clean_staging(ckpt_root)
-        truncate_log(out_dir / METRICS_FILE, state.step)  # later steps are trained, and logged, again
-
-    def to_device(batch: dict) -> dict:
-        return {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-    def last_good() -> str:
-        ckpt = latest_checkpoint(ckpt_root)
-        return f"the last good checkpoint is {ckpt}" if ckpt else "no checkpoint was saved yet"
-
-    def all_finite(value: torch.Tensor) -> bool:
-        flag = torch.isfinite(value.detach().float()).all().reshape(1).to(accelerator.device)
-        return bool(accelerator.gather(flag.int()).all()) if world > 1 else bool(flag)
-
-    def save_checkpoint() -> None:
-        staging = staging_dir(ckpt_root, state.step)  # renamed to step-N when complete: no half step-N
-        accelerator.save_state(str(staging))
-        accelerator.wait_for_everyone()
-        if main:
-            write_state(staging, state)
-            write_settings(staging, settings)
-            mark_complete(staging)
-            publish(staging, checkpoint_dir(ckpt_root, state.step))
-            rotate(ckpt_root, cfg.keep_checkpoints, current=state.step)
-        accelerator.wait_for_everyone()
-
-    def log(metrics: dict[str, float], kind: str) -> None:
+    def _start_logs(self, write_run_config: bool) -> None:
+        cfg, accelerator = self.cfg, self.accelerator
         if cfg.report_to != "none":
-            accelerator.log(metrics, step=state.step)
-        if main:
-            with (out_dir / METRICS_FILE).open("a") as f:
-                f.write(json.dumps({"step": state.step, "kind": kind, **metrics}) + "\n")
+            accelerator.init_trackers(
+                cfg.wandb_project,
+                config=_flat_config(self.run_config),
+                init_kwargs={"wandb": {"dir": str(self.out_dir), "name": self.out_dir.name}},
+            )
+        if self.main and write_run_config:
+            (self.out_dir / "run_config.json").write_text(json.dumps(self.run_config, indent=2, default=str) + "\n")
+        if self.main:
+            clean_staging(self.ckpt_root)
+            truncate_log(self.out_dir / METRICS_FILE, self.state.step)  # later steps are trained, and logged, again
+        self.rows_log = (self.out_dir / f"rows_rank{self.rank}.jsonl") if cfg.log_row_ids else None
+        if self.rows_log is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            truncate_log(self.rows_log, self.state.step)
 
-    def evaluate() -> dict[str, float]:
+    # ------------------------------------------------------------ one optimizer step
+
+    def step(self) -> None:
+        """grad_accum micro-batches, one optimizer step; then the train log, validation and checkpoint due."""
+        cfg, state = self.cfg, self.state
+        if hasattr(self.objective, "set_step"):
+            self.objective.set_step(state.step)
+        grad_norm = None
+        for _ in range(cfg.grad_accum):
+            norm = self._micro_step(self._next_batch())
+            grad_norm = norm if norm is not None else grad_norm
+        state.step += 1
+        self.bar.update(1)
+        self.memory_bound.after_step()  # kept freed memory fragments across shapes: give it back once it creeps
+        last = state.step == self.total_steps
+        if state.step % max(1, cfg.log_every) == 0 or last:
+            self._log_interval(grad_norm)
+        if cfg.eval_every and state.step % cfg.eval_every == 0 and not last:
+            self.log(self.evaluate(), "validation")
+        if cfg.save_every and state.step % cfg.save_every == 0 and not last:
+            self.save_checkpoint()
+
+    def _next_batch(self) -> list[int]:
+        state = self.state
+        if state.batch_in_epoch >= len(self.epoch_batches):
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+            self.epoch_batches = self.order.batches(state.epoch)
+        idx = self.epoch_batches[state.batch_in_epoch]
+        state.batch_in_epoch += 1
+        if self.rows_log is not None:
+            with self.rows_log.open("a") as f:
+                f.write(json.dumps({"step": state.step + 1, "rows": idx}) + "\n")
+        return idx
+
+    def _micro_step(self, idx: list[int]) -> torch.Tensor | None:
+        """Forward and backward over rows idx; at the last micro-batch of a step, clip and step the
+        optimizer. Returns the gradient norm when it clipped one."""
+        cfg, accelerator, state = self.cfg, self.accelerator, self.state
+        batch = self._to_device(self.collate_fn(select_rows(self.train_rows, idx)))
+        feats = self.feature_source(batch) if self.feature_source is not None else TargetFeatures()
+        grad_norm = None
+        with accelerator.accumulate(self.model):
+            outputs = self.model(batch, feats.as_dict())
+            loss = outputs["loss"]
+            if not self._all_finite(loss):
+                self._stop(f"loss is {loss.item()} at step {state.step + 1} (epoch {state.epoch}, rows {idx})")
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                if cfg.grad_clip and cfg.grad_clip > 0:
+                    grad_norm = accelerator.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                if grad_norm is not None and cfg.mixed_precision != "fp16" and not self._all_finite(grad_norm):
+                    self._stop(f"gradient norm is {float(grad_norm)} at step {state.step + 1}")
+                self.step_lrs = [g["lr"] for g in self.optimizer.param_groups]  # the lr this step used
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        for k, v in outputs.items():
+            self.interval[k] = self.interval.get(k, 0.0) + v.detach().float()
+        self.interval_micro += 1
+        self.interval_tokens += int(batch["attention_mask"].sum())
+        return grad_norm
+
+    def _stop(self, what: str) -> NoReturn:
+        """A non-finite loss or gradient: end without saving over the good checkpoints."""
+        self.bar.close()
+        self.accelerator.end_training()
+        ckpt = latest_checkpoint(self.ckpt_root)
+        last_good = f"the last good checkpoint is {ckpt}" if ckpt else "no checkpoint was saved yet"
+        raise NonFiniteLossError(f"{what}; stopped without saving: {last_good}")
+
+    def _log_interval(self, grad_norm: torch.Tensor | None) -> None:
+        accelerator, state = self.accelerator, self.state
+        means = _reduce_mean(accelerator, {k: v / self.interval_micro for k, v in self.interval.items()})
+        tokens = _reduce_sum(accelerator, self.interval_tokens)
+        state.tokens_seen += tokens
+        metrics = {f"train/{k}": v for k, v in means.items()}
+        metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - self.t_start, 1e-9)
+        metrics["train/epoch"] = state.epoch + state.batch_in_epoch / max(1, len(self.epoch_batches))
+        for i, lr in enumerate(self.step_lrs):
+            metrics[f"train/lr_group{i}"] = lr
+        if grad_norm is not None:
+            metrics["train/grad_norm"] = float(grad_norm)
+        self.log(metrics, "train")
+        self.bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{self.step_lrs[0]:.2e}")
+        self.interval, self.interval_micro, self.interval_tokens, self.t_start = {}, 0, 0, time.perf_counter()
+
+    # ------------------------------------------------------------ validation, logs, checkpoints
+
+    def evaluate(self) -> dict[str, float]:
+        cfg, val_rows = self.cfg, self.val_rows
         if val_rows is None or len(val_rows) == 0:
             return {}
         n_rows = len(val_rows) if cfg.max_eval_rows is None else min(len(val_rows), cfg.max_eval_rows)
         val_lengths = row_lengths(val_rows.select(range(n_rows)), cfg.max_seq_len)
-        val_order = DataOrder(val_lengths, cfg.batch_size, world, rank, shuffle=False)
+        batches = DataOrder(val_lengths, cfg.batch_size, self.world, self.rank, shuffle=False).batches(0)
         sums: dict[str, torch.Tensor] = {}
-        model.eval()
+        self.model.eval()
         with torch.no_grad():
-            batches = val_order.batches(0)
             for idx in batches:
-                batch = to_device(collate_fn(select_rows(val_rows, idx)))
-                feats = feature_source(batch) if feature_source is not None else TargetFeatures()
-                for k, v in model(batch, feats.as_dict()).items():
+                batch = self._to_device(self.collate_fn(select_rows(val_rows, idx)))
+                feats = self.feature_source(batch) if self.feature_source is not None else TargetFeatures()
+                for k, v in self.model(batch, feats.as_dict()).items():
                     sums[k] = sums.get(k, 0.0) + v.detach().float()
-        model.train()
-        means = _reduce_mean(accelerator, {k: v / len(batches) for k, v in sums.items()})
+        self.model.train()
+        means = _reduce_mean(self.accelerator, {k: v / len(batches) for k, v in sums.items()})
         return {f"val/{k}": v for k, v in means.items()}
 
-    rows_log = (out_dir / f"rows_rank{rank}.jsonl") if cfg.log_row_ids else None
-    if rows_log is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        truncate_log(rows_log, state.step)
-    model.train()
-    epoch_batches = order.batches(state.epoch)
-    interval: dict[str, torch.Tensor] = {}
-    interval_micro, interval_tokens, t_start = 0, 0, time.perf_counter()
-    val_metrics: dict[str, float] = {}
-    step_lrs = [g["lr"] for g in optimizer.param_groups]
-    bar = tqdm(total=total_steps, initial=state.step, disable=not main, desc="train", dynamic_ncols=True)
-    memory_bound = CreepBound()
+    def log(self, metrics: dict[str, float], kind: str) -> None:
+        if self.cfg.report_to != "none":
+            self.accelerator.log(metrics, step=self.state.step)
+        if self.main:
+            with (self.out_dir / METRICS_FILE).open("a") as f:
+                f.write(json.dumps({"step": self.state.step, "kind": kind, **metrics}) + "\n")
 
-    while state.step < total_steps:
-        if hasattr(objective, "set_step"):
-            objective.set_step(state.step)
-        grad_norm = None
-        for _ in range(cfg.grad_accum):
-            if state.batch_in_epoch >= len(epoch_batches):
-                state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-                epoch_batches = order.batches(state.epoch)
-            idx = epoch_batches[state.batch_in_epoch]
-            state.batch_in_epoch += 1
-            if rows_log is not None:
-                with rows_log.open("a") as f:
-                    f.write(json.dumps({"step": state.step + 1, "rows": idx}) + "\n")
-            batch = to_device(collate_fn(select_rows(train_rows, idx)))
-            feats = feature_source(batch) if feature_source is not None else TargetFeatures()
-            with accelerator.accumulate(model):
-                outputs = model(batch, feats.as_dict())
-                loss = outputs["loss"]
-                if not all_finite(loss):
-                    bar.close()
-                    accelerator.end_training()
-                    raise NonFiniteLossError(
-                        f"loss is {loss.item()} at step {state.step + 1} (epoch {state.epoch}, rows {idx}); "
-                        f"stopped without saving: {last_good()}"
-                    )
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    if cfg.grad_clip and cfg.grad_clip > 0:
-                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                    if grad_norm is not None and cfg.mixed_precision != "fp16" and not all_finite(grad_norm):
-                        bar.close()
-                        accelerator.end_training()
-                        raise NonFiniteLossError(
-                            f"gradient norm is {float(grad_norm)} at step {state.step + 1}; stopped without saving: {last_good()}"
-                        )
-                    step_lrs = [g["lr"] for g in optimizer.param_groups]  # the lr this step used
-                    optimizer.step()
-                    scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
-            for k, v in outputs.items():
-                interval[k] = interval.get(k, 0.0) + v.detach().float()
-            interval_micro += 1
-            interval_tokens += int(batch["attention_mask"].sum())
-        state.step += 1
-        bar.update(1)
-        memory_bound.after_step()  # kept freed memory fragments across shapes: give it back once it creeps
+    def save_checkpoint(self) -> None:
+        accelerator, state = self.accelerator, self.state
+        staging = staging_dir(self.ckpt_root, state.step)  # renamed to step-N when complete: no half step-N
+        accelerator.save_state(str(staging))
+        accelerator.wait_for_everyone()
+        if self.main:
+            write_state(staging, state)
+            write_settings(staging, self.settings)
+            mark_complete(staging)
+            publish(staging, checkpoint_dir(self.ckpt_root, state.step))
+            rotate(self.ckpt_root, self.cfg.keep_checkpoints, current=state.step)
+        accelerator.wait_for_everyone()
 
-        last = state.step == total_steps
-        if state.step % max(1, cfg.log_every) == 0 or last:
-            means = _reduce_mean(accelerator, {k: v / interval_micro for k, v in interval.items()})
-            tokens = _reduce_sum(accelerator, interval_tokens)
-            state.tokens_seen += tokens
-            elapsed = time.perf_counter() - t_start
-            metrics = {f"train/{k}": v for k, v in means.items()}
-            metrics["train/tokens_per_s"] = tokens / max(elapsed, 1e-9)
-            metrics["train/epoch"] = state.epoch + state.batch_in_epoch / max(1, len(epoch_batches))
-            for i, lr in enumerate(step_lrs):
-                metrics[f"train/lr_group{i}"] = lr
-            if grad_norm is not None:
-                metrics["train/grad_norm"] = float(grad_norm)
-            log(metrics, "train")
-            bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{step_lrs[0]:.2e}")
-            interval, interval_micro, interval_tokens, t_start = {}, 0, 0, time.perf_counter()
-        if cfg.eval_every and state.step % cfg.eval_every == 0 and not last:
-            val_metrics = evaluate()
-            log(val_metrics, "validation")
-        if cfg.save_every and state.step % cfg.save_every == 0 and not last:
-            save_checkpoint()
-        if on_step_end is not None:
-            on_step_end(state.step)
-    bar.close()
+    def finish(self) -> TrainResult:
+        """Validate, checkpoint and export the trained heads; write the summary."""
+        accelerator = self.accelerator
+        self.bar.close()
+        val_metrics = self.evaluate()
+        self.log(val_metrics, "validation")
+        self.save_checkpoint()
+        peak = peak_memory(accelerator.device)
+        if self.main:
+            accelerator.unwrap_model(self.model).objective.save_pretrained(self.out_dir)
+            summary = {"step": self.state.step, "tokens_seen": self.state.tokens_seen, "world_size": self.world, **val_metrics}
+            summary.update({f"peak_{k}_gb": v for k, v in peak.items()})
+            if self.memory_bound.steps:  # CPU with kept memory: how often fragmentation forced a release
+                summary["memory_releases"] = self.memory_bound.releases
+                summary["memory_settled_gb"] = round(self.memory_bound.settled_gb, 3)
+            (self.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+            accelerator.print("validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(val_metrics.items())))
+        accelerator.wait_for_everyone()
+        accelerator.end_training()
+        return TrainResult(self.state.step, self.out_dir, val_metrics, self.resumed_from, peak)
 
-    val_metrics = evaluate()
-    log(val_metrics, "validation")
-    save_checkpoint()
-    peak = peak_memory(accelerator.device)
-    if main:
-        accelerator.unwrap_model(model).objective.save_pretrained(out_dir)
-        summary = {"step": state.step, "tokens_seen": state.tokens_seen, "world_size": world, **val_metrics}
-        summary.update({f"peak_{k}_gb": v for k, v in peak.items()})
-        if memory_bound.steps:  # CPU with kept memory: how often fragmentation forced a release
-            summary["memory_releases"] = memory_bound.releases
-            summary["memory_settled_gb"] = round(memory_bound.settled_gb, 3)
-        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        accelerator.print("validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(val_metrics.items())))
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return TrainResult(state.step, out_dir, val_metrics, resumed_from, peak)
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def _all_finite(self, value: torch.Tensor) -> bool:
+        flag = torch.isfinite(value.detach().float()).all().reshape(1).to(self.accelerator.device)
+        return bool(self.accelerator.gather(flag.int()).all()) if self.world > 1 else bool(flag)
 
 
 # ---------------------------------------------------------------- helpers
