@@ -41,7 +41,7 @@ import torch
 
 from headway.features import FeatureSpec, LayerCapture, feature_key
 from headway.kv import GROUP_ROWS, SlotCache, decode_attention, decode_reads
-from headway.sampling import SamplingParams, warp
+from headway.sampling import SamplingParams, sample_rows, warp
 
 PREFILL_PADDING = 1.25  # a prefill group's padded tokens may exceed its real tokens by this factor
 PREFILL_TOKENS = 4096  # at most this many (padded) tokens per prefill forward
@@ -191,11 +191,12 @@ class Generator:
         if self.sampling.greedy:
             tokens = logits.argmax(-1).tolist()
         else:
-            probs = warp(logits.float(), self.sampling)
-            tokens = [
-                int(torch.multinomial(probs[j], 1, generator=rows[i].gen)) if not rows[i].closing else -1
-                for j, i in enumerate(idx)
-            ]
+            drawing = [j for j, i in enumerate(idx) if not rows[i].closing]  # a closing row feeds, draws nothing
+            tokens = [-1] * len(idx)
+            if drawing:
+                probs = warp(logits[drawing].float(), self.sampling)
+                for j, t in zip(drawing, sample_rows(probs, [rows[idx[j]].gen for j in drawing]), strict=True):
+                    tokens[j] = t
         for i, t in zip(idx, tokens, strict=True):
             row = rows[i]
             if row.closing:  # its last token's features are in: the conversation is over

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+NUCLEUS_SEARCH = 1024  # top-p looks for its nucleus among this many most likely tokens before sorting all
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -44,13 +46,40 @@ def warp(logits: torch.Tensor, s: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if s.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop = sorted_p.cumsum(-1) - sorted_p >= s.top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = nucleus(probs, s.top_p)
     return probs
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs [..., V] cut to the smallest prefix (most likely first) whose mass reaches top_p, renormalised
+    (the first token always stays).
+
+    The nucleus is looked for among the NUCLEUS_SEARCH most likely tokens first (topk: about 8x cheaper
+    than sorting 49k probabilities per row on CPU); only when some row's nucleus is wider are all rows
+    sorted. Either way the prefix, its cumulative sums and so the cut are those of a full sort.
+    """
+    k = min(NUCLEUS_SEARCH, probs.shape[-1])
+    top, order = probs.topk(k, dim=-1)  # sorted, descending
+    mass = top.cumsum(-1)
+    if k < probs.shape[-1] and bool((mass[..., -1] < top_p).any()):
+        top, order = probs.sort(dim=-1, descending=True)  # a wider nucleus: sort them all
+        mass = top.cumsum(-1)
+    kept = top.masked_fill(mass - top >= top_p, 0.0)
+    out = torch.zeros_like(probs).scatter_(-1, order, kept)
+    return out / out.sum(-1, keepdim=True)
+
+
+def sample_rows(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of probs [R, V], row r drawn with generators[r] (one uniform each, inverse CDF).
+
+    The same distribution as torch.multinomial per row, at one batched cumsum and search instead of R
+    multinomial calls over the whole vocabulary (about 2 ms each for 49k tokens on CPU). A row's draw
+    depends on its generator alone, not on the other rows. A zero-probability token is never drawn.
+    """
+    cdf = probs.float().cumsum(-1)
+    u = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    return picked.clamp_(max=probs.shape[-1] - 1).tolist()
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

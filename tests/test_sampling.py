@@ -175,3 +175,43 @@ def test_warp_top_k_top_p():
     assert torch.equal(warp(logits, SamplingParams(0.0)), torch.tensor([1.0, 0, 0, 0]))
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(1.0, top_p=0)
+
+
+def _nucleus_by_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The rule as first written: sort every token, keep the prefix whose mass before it is below top_p."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    sorted_p = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p >= top_p, 0.0)
+    out = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return out / out.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("spread", ["narrow", "wide", "mixed"])
+def test_nucleus_equals_the_full_sort(spread):
+    from headway.sampling import NUCLEUS_SEARCH, nucleus
+
+    g = torch.Generator().manual_seed(0)
+    V = 8 * NUCLEUS_SEARCH
+    narrow = torch.randn(6, V, generator=g) * 6  # a peaked distribution: the nucleus is a few tokens
+    wide = torch.randn(6, V, generator=g) * 0.5  # nearly flat: the nucleus spans most of the vocabulary
+    logits = {"narrow": narrow, "wide": wide, "mixed": torch.cat([narrow, wide])}[spread]
+    probs = torch.softmax(logits, dim=-1)
+    width = (_nucleus_by_full_sort(probs, 0.9) > 0).sum(-1)
+    assert (width < NUCLEUS_SEARCH).all() if spread == "narrow" else (width > NUCLEUS_SEARCH).any()
+    assert torch.equal(nucleus(probs, 0.9), _nucleus_by_full_sort(probs, 0.9))
+
+
+def test_sample_rows_draws_each_rows_distribution_from_its_own_generator():
+    from headway.sampling import sample_rows
+
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.1, 0.1, 0.0, 0.8]])
+    gens = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)]
+    draws = torch.tensor([sample_rows(probs, gens) for _ in range(20_000)])  # [n, 2]
+    for r in range(2):
+        counts = torch.bincount(draws[:, r], minlength=5).float()
+        assert counts[probs[r] == 0].sum() == 0, "a zero-probability token is never drawn"
+        assert chi_square_p(counts[probs[r] > 0], probs[r][probs[r] > 0]) > 0.001
+    # Row 0's draws depend on its generator alone: the same seed alone or beside another row draws the same.
+    alone = [sample_rows(probs[:1], [g])[0] for g in [torch.Generator().manual_seed(1)] for _ in range(50)]
+    assert alone == draws[:50, 0].tolist()
+    wrong = torch.bincount(draws[:, 0], minlength=5).float()  # negative control: row 0's counts against row 1
+    assert chi_square_p(wrong[probs[1] > 0] + 1, probs[1][probs[1] > 0]) < 0.001
