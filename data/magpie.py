@@ -65,7 +65,8 @@ def user_turn_prefix(tok, history: list[dict] = (), system: str | None = None) -
 
 
 class TurnFilter:
-    """Why a written turn is unusable (None: usable); `keep` remembers a turn, to refuse its duplicates."""
+    """Why a written turn is unusable (None: usable); `keep` remembers a turn, to refuse its duplicates;
+    `admit` does both, counting the reason of a turn it refuses."""
 
     def __init__(self, src: SourceConfig):
         self.src, self.seen, self.overlap = src, set(), eval_overlap()
@@ -87,6 +88,14 @@ class TurnFilter:
 
     def keep(self, text: str) -> None:
         self.seen.add(" ".join(words(text)))
+
+    def admit(self, text: str | None, rejected: Counter) -> bool:
+        why = self.reason(text)
+        if why:
+            rejected[why] += 1
+        else:
+            self.keep(text)
+        return why is None
 
 
 class PromptWriter:
@@ -154,17 +163,15 @@ class PromptWriter:
             if len(state["first"]) >= n:
                 return  # written after the source had enough: not judged
             state["next"] = c + 1
-            why = turns.reason(text)
-            rejected.update([why] if why else [])
-            if not why:
+            if turns.admit(text, rejected):
                 state["first"].append(text)
-                turns.keep(text)
-            if state["next"] % SAVE_EVERY == 0:
-                save()
-                self.log(f"{name}: {len(state['first'])} of {n} first turns written ({sum(rejected.values())} dropped)")
+
+        def checkpoint() -> None:
+            save()
+            self.log(f"{name}: {len(state['first'])} of {n} first turns written ({sum(rejected.values())} dropped)")
 
         while len(state["first"]) < n and state["next"] < limit:
-            judged = _InOrder(take, start=state["next"])
+            judged = _InOrder(take, checkpoint, start=state["next"])
 
             def candidates(judged=judged):
                 c = judged.next
@@ -194,10 +201,8 @@ class PromptWriter:
                 text, answer = text_answer
                 chats[asked[k]].append({"role": "assistant", "content": text, "answer": answer})
                 tries[asked[k]] = 0
-                if (k + 1) % SAVE_EVERY == 0:
-                    save()
 
-            self._answer(chats, asked, name, turn, _InOrder(answered))
+            self._answer(chats, asked, name, turn, _InOrder(answered, save))
             save()
             for attempt in range(FOLLOW_UP_TRIES):
                 todo = [i for i, c in enumerate(chats) if len(c) == 2 * turn and tries[i] == attempt]
@@ -206,20 +211,15 @@ class PromptWriter:
 
                 def written(k: int, text: str | None, todo=todo) -> None:
                     tries[todo[k]] += 1
-                    why = turns.reason(text)
-                    rejected.update([why] if why else [])
-                    if not why:
+                    if turns.admit(text, rejected):
                         chats[todo[k]].append({"role": "user", "content": text})
-                        turns.keep(text)
-                    if (k + 1) % SAVE_EVERY == 0:
-                        save()
 
                 prefixes = [user_turn_prefix(self.tok, _messages(chats[i]), src.task) for i in todo]
                 prompts = (
                     Turn(self.tok(p, add_special_tokens=False)["input_ids"], self._seed(name, f"turn{turn}:{attempt}", i))
                     for (p, _), i in zip(prefixes, todo, strict=True)
                 )
-                self._sample(prompts, prefixes[0][1], src, _InOrder(written))
+                self._sample(prompts, prefixes[0][1], src, _InOrder(written, save))
                 save()
                 followed = sum(len(chats[i]) > 2 * turn for i in todo)
                 self.log(f"{name}: turn {turn + 1} written for {followed} of {len(todo)} conversations (try {attempt + 1})")
@@ -270,16 +270,19 @@ class PromptWriter:
 
 
 class _InOrder:
-    """Hands streamed results to `take(i, value)` in index order, whatever order they arrive in."""
+    """Hands streamed results to `take(i, value)` in index order, whatever order they arrive in, and
+    calls `checkpoint()` after every SAVE_EVERY-th index taken."""
 
-    def __init__(self, take: Callable, start: int = 0):
-        self.take, self.next, self.waiting = take, start, {}
+    def __init__(self, take: Callable, checkpoint: Callable[[], None], start: int = 0):
+        self.take, self.checkpoint, self.next, self.waiting = take, checkpoint, start, {}
 
     def __call__(self, i: int, value) -> None:
         self.waiting[i] = value
         while self.next in self.waiting:
             self.take(self.next, self.waiting.pop(self.next))
             self.next += 1
+            if self.next % SAVE_EVERY == 0:
+                self.checkpoint()
 
     def offset(self, base: int) -> Callable:
         """The same, for a stream whose item 0 is index `base`."""

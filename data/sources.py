@@ -182,8 +182,9 @@ def load_conversations(cfg: DataConfig, writer: PromptWriter | None = None) -> t
             written = row.turns if isinstance(row, Written) else row
             turns = [t.strip() for t in written]
             turns = [t for t in turns if t][: cfg.generation.max_turns]
-            # A kept answer is fed only where its turn is answered and followed by the same next turn.
-            first_answer = row.first_answer if isinstance(row, Written) and turns[:2] == written[:2] else None
+            # A kept answer is fed only where its turn is followed by the same next turn it was written before.
+            kept = isinstance(row, Written) and len(turns) > 1 and turns[:2] == written[:2]
+            first_answer = row.first_answer if kept else None
             if not turns:
                 skipped[f"{name}: row without a usable prompt"] += 1
                 continue
@@ -195,7 +196,7 @@ def load_conversations(cfg: DataConfig, writer: PromptWriter | None = None) -> t
             if any(overlap.hits(t) for t in turns):
                 skipped[f"{name}: shares a 13-word window with an evaluation question"] += 1
                 continue
-            usable.append(Conversation(f"{name}:{i}", name, src.domain, turns, first_answer if len(turns) > 1 else None))
+            usable.append(Conversation(f"{name}:{i}", name, src.domain, turns, first_answer))
         if not usable:
             what = f"format {src.format!r}" if src.kind == "file" else f"kind {src.kind!r}"
             raise ValueError(f"prompt source {src.path or name} has no usable prompts ({what})")
