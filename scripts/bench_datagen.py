@@ -2,7 +2,7 @@
 
     python scripts/bench_datagen.py                                  # batch 32 and 64; SmolLM2, this machine
     python scripts/bench_datagen.py --batch-sizes 32 --rounds 3 --prompts-per-round 96 --max-new-tokens 256
-    python scripts/bench_datagen.py --batch-sizes 32 --profile       # + where one round of ours spends its time
+    python scripts/bench_datagen.py --batch-sizes 32 --profile       # + where ours spends its time (a short run apart)
 
 Each round draws the same prompts for both (a seeded sample of the default mix's file and passage
 sources, every domain), greedy, the same max_new_tokens and stop ids. HF `generate` answers them in
@@ -28,6 +28,8 @@ from headway.data.generate import generate_batch
 from headway.data.sources import load_conversations
 from headway.target import load_target, stop_token_ids
 from headway.tokens import cut_at_eos, left_pad
+
+PROFILE_TOKENS = 32  # new tokens per prompt in the profiled run (--profile)
 
 
 def hf_generate(model, tok, prompts, batch_size, max_new_tokens, eos_ids) -> list[list[int]]:
@@ -57,7 +59,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds per batch size (each method once per round)")
     ap.add_argument("--prompts-per-round", type=int, default=0, help="default: 3 x batch (so rows are refilled)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--profile", action="store_true", help="profile headway's first round (torch.profiler, top ops)")
+    ap.add_argument("--profile", action="store_true", help="after the rounds, profile a short run of ours (batch prompts, 32 new tokens; torch.profiler, top ops)")
     args = ap.parse_args()
 
     cfg = load_config(args.config)
@@ -83,18 +85,14 @@ def main() -> None:
         }
         stats = {name: {"tokens": 0, "seconds": 0.0, "peak": 0} for name in methods}
         same = total = 0
-        table = None
         for r in range(args.rounds):
             batch = [prompts[(start + i) % len(prompts)] for i in range(n)]
             start += n
             order = list(methods) if r % 2 == 0 else list(reversed(methods))  # alternate who goes first
             answers = {}
             for name in order:
-                profiling = args.profile and r == 0 and name == "headway"
-                with measure(model.device) as m, torch.inference_mode(), _profiler(profiling) as prof:
+                with measure(model.device) as m, torch.inference_mode():
                     answers[name] = methods[name](batch)
-                if profiling:
-                    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
                 s = stats[name]
                 s["tokens"] += sum(map(len, answers[name]))
                 s["seconds"] += m.seconds
@@ -108,18 +106,19 @@ def main() -> None:
             f"{mib(stats['headway']['peak']):>13} {mib(stats['generate']['peak']):>14} {same:>6}/{total:<6}",
             flush=True,
         )
-        if table is not None:
-            print(f"headway's first round at batch {bs}, by operator:\n{table}")
+        if args.profile:
+            print(f"headway at batch {bs}, {bs} prompts x {PROFILE_TOKENS} new tokens, by operator:")
+            print(profile_headway(model, prompts[:bs], bs, eos_ids))
 
 
-def _profiler(enabled: bool):
-    from contextlib import nullcontext
-
-    if not enabled:
-        return nullcontext()
+def profile_headway(model, prompts, batch_size: int, eos_ids) -> str:
+    """The operator table of a short run of our generator, apart from the timed rounds: the profiler
+    slows what it records, and a whole round's events outgrow memory (24 GiB at batch 64, 128 tokens)."""
     from torch.profiler import ProfilerActivity, profile
 
-    return profile(activities=[ProfilerActivity.CPU])
+    with profile(activities=[ProfilerActivity.CPU]) as prof, torch.inference_mode():
+        generate_batch(model, prompts, PROFILE_TOKENS, eos_ids, batch_size=batch_size)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
 
 
 if __name__ == "__main__":
