@@ -75,13 +75,15 @@ def first_answer(ids: list[int], mask: list[int]) -> tuple[list[int], list[int]]
     return ids[:i], ids[i:j]
 
 
-def replay(prompt, answer, nmin, nmax, length, count, per_ngram, order):
+def replay(prompt, answer, nmin, nmax, length, count, per_ngram, order, uncap_after_full=False):
     idx = OrderedIndex(nmin, nmax)
     idx.extend(prompt)
     t = steps = 0
     cost = 0.0
+    full = False  # the last step accepted a whole lookup candidate: the text is being copied
     while t < len(answer) - 1:
-        cands = idx.candidates(answer[t], length, count, per_ngram, order)
+        cap = None if uncap_after_full and full else per_ngram
+        cands = idx.candidates(answer[t], length, count, cap, order)
         nodes, best = set(), 0
         for _, cont in cands:
             nodes.update(tuple(cont[: i + 1]) for i in range(len(cont)))
@@ -89,6 +91,7 @@ def replay(prompt, answer, nmin, nmax, length, count, per_ngram, order):
             while m < len(cont) and t + 1 + m < len(answer) and cont[m] == answer[t + 1 + m]:
                 m += 1
             best = max(best, m)
+        full = any(best == len(cont) for _, cont in cands) and best > 0
         steps += 1
         cost += verify_cost(1 + len(nodes))
         idx.extend(answer[t : t + 1 + best])
@@ -104,6 +107,8 @@ SETTINGS = {
     "recent+earliest, n1-4, L10, k3, 5/n": dict(order="recent_then_earliest", nmin=1, nmax=4, length=10, count=3, per_ngram=5),
     "recent+earliest, n1-4, L10, k3, none": dict(order="recent_then_earliest", nmin=1, nmax=4, length=10, count=3, per_ngram=None),
     "recent+earliest, n1-4, L10, k4, 3/n": dict(order="recent_then_earliest", nmin=1, nmax=4, length=10, count=4, per_ngram=3),
+    "ours, uncapped after a whole candidate": dict(order="recent", nmin=1, nmax=4, length=10, count=3, per_ngram=3, uncap_after_full=True),
+    "ours, no cap": dict(order="recent", nmin=1, nmax=4, length=10, count=3, per_ngram=None),
     "HF-like (earliest, n1-2, L10, k1)": dict(order="earliest", nmin=1, nmax=2, length=10, count=1, per_ngram=None),
 }
 
