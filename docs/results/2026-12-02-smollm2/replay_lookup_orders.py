@@ -6,7 +6,7 @@ so the choice is not tuned on the evaluation set): tau and tokens per unit of ve
 Each example's first answer is decoded as the engine would with inference/drafters/lookup.py's
 NgramIndex: history = prompt + accepted tokens, candidates after the root, the longest accepted prefix
 among them plus the bonus token per step. `OrderedIndex` is NgramIndex with the order in which a
-match's occurrences are continued made a choice (the library continues the most recent first); the
+match's occurrences are continued made a choice (through the lookups of its index, its loop unchanged) (the library continues the most recent first); the
 experiment found no order better than that, so the choice stayed here. COST is the verify-cost curve of the
 2026-12-01 EAGLE-3 report (2-core CPU without AMX): a step over 1 + nodes tokens costs COST[1 + nodes];
 with `amx`, the flatter curve of the 2026-12-01 lookup report (a Xeon with AMX).
@@ -17,7 +17,7 @@ from collections import defaultdict
 
 from datasets import load_from_disk
 
-from headway.inference.drafters.lookup import SCAN_PER_CANDIDATE, NgramIndex
+from headway.inference.drafters.lookup import NgramIndex
 
 COST = {1: 1.0, 2: 1.04, 4: 1.09, 8: 1.23, 12: 1.35, 16: 1.45, 24: 1.67, 32: 1.90}
 COST_AMX = {1: 1.0, 12: 1.0, 16: 1.06, 24: 1.27, 32: 1.48}
@@ -31,40 +31,35 @@ def verify_cost(n: int) -> float:
     return COST[ks[-1]]
 
 
-def scan_order(occ: list[int], limit: int, order: str) -> list[int]:
-    """A match's occurrences to continue, best first."""
-    recent = occ[: -limit - 1 : -1]
+def scan_order(occ: list[int], order: str) -> list[int]:
+    """A match's occurrences, best first."""
     if order == "recent":
-        return recent
-    if order == "earliest":
-        return occ[:limit]
-    if len(occ) == 1:
-        return occ
+        return occ[::-1]
+    if order == "earliest" or len(occ) == 1:
+        return list(occ)
     first = [occ[0], occ[-1]] if order == "earliest_then_recent" else [occ[-1], occ[0]]
-    return first + [s for s in recent[1:] if s != occ[0]][: limit - 2]
+    return first + occ[-2:0:-1]
+
+
+class OrderedStarts(dict):
+    """NgramIndex.starts whose lookups come back reordered: the index continues the last entries first,
+    so handing it `scan_order` reversed makes it continue occurrences in that order, its own loop unchanged."""
+
+    order = "recent"
+
+    def get(self, key, default=None):
+        occ = super().get(key)
+        return default if not occ else scan_order(occ, self.order)[::-1]
 
 
 class OrderedIndex(NgramIndex):
+    def __init__(self, min_ngram: int, max_ngram: int) -> None:
+        super().__init__(min_ngram, max_ngram)
+        self.starts = OrderedStarts()
+
     def candidates(self, root, length, count, per_ngram=None, order="recent"):
-        hist, T = self.tokens, len(self.tokens)
-        out, seen = [], set()
-        for n in range(min(self.max_n, T + 1), self.min_n - 1, -1):
-            occ = self.starts.get(tuple(hist[T - n + 1 :]) + (root,) if n > 1 else (root,))
-            if not occ:
-                continue
-            span = length if per_ngram is None else min(length, per_ngram * n)
-            for start in scan_order(occ, SCAN_PER_CANDIDATE * count, order):
-                cont = hist[start : start + span]
-                for i in range(start + len(cont), start + span):
-                    cont.append(root if i == T else cont[i - T - 1])
-                key = tuple(cont)
-                if any(s[: len(key)] == key for s in seen):
-                    continue
-                seen.add(key)
-                out.append((n, cont))
-                if len(out) == count:
-                    return out
-        return out
+        self.starts.order = order
+        return super().candidates(root, length, count, per_ngram)
 
 
 def first_answer(ids: list[int], mask: list[int]) -> tuple[list[int], list[int]]:
