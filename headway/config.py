@@ -199,6 +199,7 @@ class LookupConfig:
     # on Spec-Bench (36 prompts, SmolLM2), so long drafts after a 1-token match mostly buy verify cost.
     # Replayed on those answers: tokens per unit of verify cost +13% where 32 new tokens cost 1.9x one
     # (2-core CPU, no AMX), -2% where they cost 1.2x (AMX): on such machines and GPUs, set null.
+    # Lookup alone only: a fused tree takes every candidate whole and prices each node by its match length.
     tokens_per_ngram: int | None = 3
 
     def __post_init__(self):

@@ -1,10 +1,11 @@
 """How a fused tree's nodes are split between the trained drafter and prompt lookup, step by step.
 
     planner = NodePlanner(profile, budget=12, max_depth=6, lookup_depth=10, curve=curve, draft_cost=0.02)
-    stats = [planner.new_stats() for _ in rows]          # per row: {TRAINED: DepthStats, LOOKUP: DepthStats}
-    plan = planner.plan(stats, [(trie.depth, trie.origin) for trie in lookup_tries])
+    stats = [planner.new_stats() for _ in rows]          # per row: {TRAINED, LOOKUP: DepthStats, BY_NGRAM: ...}
+    plan = planner.plan(stats, [(trie.depth, trie.origin, ngrams) for trie, ngrams in lookup_tries])
     plan.trained, plan.lookup                            # the trained drafter's node count; per row, lookup nodes
     stats[row][LOOKUP].update(reached, accepted)         # after verification, from the accepted path
+    stats[row][BY_NGRAM].add(n - 1, accepted)            # and per candidate: was its first token right
 
 Every source keeps, per row and per depth d, exponentially forgetting counts of how often the
 accepted path reached a node of its at depth d - 1 where it proposed a child (`reached`) and how
@@ -13,7 +14,10 @@ a prior by a few pseudo-counts. A node's value is its estimated probability of b
 - trained nodes: the accuracy profile's path probabilities (the nodes of `build_tree`, best first),
   each scaled by how the source's online alpha compares with the profile's along its depth;
 - lookup nodes: the product of lookup's alpha down to the node's depth, halved per candidate rank
-  (the most recent longest match first).
+  (the most recent longest match first); where the candidates' matched n is given, the first factor
+  is the online first-token acceptance of n-token matches (short matches are wrong more often:
+  0.29 / 0.50 / 0.66 / 0.84 for n = 1..4 on Spec-Bench), which takes the place of lookup's
+  `tokens_per_ngram` length cap: a 1-token match's long tail is priced out, a 4-token match's kept.
 The plan keeps the most valuable nodes: the budget, or more where an extra node's value pays for
 its verification time (expected tokens per second on the measured cost curve). Where lookup alone
 promises more tokens per second than paying for the trained drafter's forwards too, the trained
@@ -30,6 +34,7 @@ from headway.inference.cost import cost_at
 from headway.inference.trees import build_tree, per_rank
 
 TRAINED, LOOKUP = 1, 2  # source bits of a fused node (a shared node has both)
+BY_NGRAM = "lookup_by_ngram"  # stats key: lookup's first-token acceptance per matched n (index n - 1)
 RANK_DISCOUNT = 0.5  # a later lookup candidate is worth this much of the one before it
 LOOKUP_PRIOR = 0.5  # lookup's alpha per depth before anything was observed
 
@@ -63,6 +68,15 @@ class DepthStats:
         for i in range(min(reached, D)):
             self.reached[i] += 1.0
             self.accepted[i] += 1.0 if i < accepted else 0.0
+
+    def add(self, i: int, ok: bool) -> None:
+        """One observation of entry i alone (the others only forget)."""
+        for j in range(len(self.prior)):
+            self.reached[j] *= self.decay
+            self.accepted[j] *= self.decay
+        i = min(i, len(self.prior) - 1)
+        self.reached[i] += 1.0
+        self.accepted[i] += 1.0 if ok else 0.0
 
 
 def profile_nodes(accuracies: list[list[float]], max_nodes: int, max_depth: int) -> tuple[list[float], list[int]]:
@@ -106,7 +120,9 @@ class NodePlanner:
         draft_cost: float = 0.0,
         max_budget: int = 127,
         resize_trained: bool = True,
+        max_ngram: int = 4,
     ):
+        self.max_ngram = max_ngram
         self.max_budget = max(budget, max_budget)
         self.resize_trained = resize_trained  # False: the trained tree keeps its size (a fixed static tree)
         self.accuracies, self.lookup_depth = accuracies, lookup_depth
@@ -129,8 +145,12 @@ class NodePlanner:
         self.verify = None if curve is None else [cost_at(curve, n + 1) for n in range(self.max_budget + 1)]
         self.draft_cost = draft_cost
 
-    def new_stats(self) -> dict[int, DepthStats]:
-        return {TRAINED: DepthStats(list(self.trained_prior)), LOOKUP: DepthStats([LOOKUP_PRIOR] * self.lookup_depth)}
+    def new_stats(self) -> dict[int | str, DepthStats]:
+        return {
+            TRAINED: DepthStats(list(self.trained_prior)),
+            LOOKUP: DepthStats([LOOKUP_PRIOR] * self.lookup_depth),
+            BY_NGRAM: DepthStats([LOOKUP_PRIOR] * self.max_ngram),
+        }
 
     def depth_factors(self, stats: DepthStats) -> list[float]:
         """Per depth: how the source's online acceptance down to that depth compares with the profile's."""
@@ -142,12 +162,21 @@ class NodePlanner:
         return out
 
     @staticmethod
-    def lookup_values(stats: DepthStats, depth: list[int], origin: list[int]) -> list[float]:
-        """Per lookup trie node (1..n): estimated acceptance probability."""
+    def lookup_values(
+        stats: DepthStats, depth: list[int], origin: list[int], first: list[float] | None = None
+    ) -> list[float]:
+        """Per lookup trie node (1..n): estimated acceptance probability. first: per candidate rank,
+        the acceptance of its first token (default: lookup's depth-1 alpha)."""
         reach = [1.0]
         for d in range(1, max(depth) + 1):
             reach.append(reach[-1] * stats.alpha(d - 1))
-        return [reach[depth[i]] * RANK_DISCOUNT ** origin[i] for i in range(1, len(depth))]
+        out = []
+        for i in range(1, len(depth)):
+            v = reach[depth[i]] * RANK_DISCOUNT ** origin[i]
+            if first is not None and reach[1] > 0:
+                v *= first[origin[i]] / reach[1]
+            out.append(v)
+        return out
 
     def _best(self, merged: list[float], draft_cost: float, floor: int) -> tuple[int, float]:
         """How many of the (best-first) node values to verify, and the expected tokens per second."""
@@ -162,15 +191,17 @@ class NodePlanner:
                 best, best_n = max(best, rate), n
         return best_n, best
 
-    def plan(self, stats: list[dict[int, DepthStats]], lookup: list[tuple[list[int], list[int]]]) -> Plan:
-        """stats: per row; lookup: per row (depth per node incl. the root, origin rank per node incl. the root).
+    def plan(self, stats: list[dict[int | str, DepthStats]], lookup: list[tuple]) -> Plan:
+        """stats: per row; lookup: per row (depth per node incl. the root, origin rank per node incl. the
+        root[, matched n per candidate rank]).
 
         With a cost curve and a measured draft cost, the trained drafter is skipped for the step
         (`Plan.trained` 0) when every row expects more tokens per second from lookup alone."""
         n_max = self.max_budget if self.verify is not None else self.budget
         trained_counts, keep, alone, skip = [], [], [], self.draft_cost > 0
-        for st, (depth, origin) in zip(stats, lookup, strict=True):
-            lv = self.lookup_values(st[LOOKUP], depth, origin) if len(depth) > 1 else []
+        for st, (depth, origin, *ngrams) in zip(stats, lookup, strict=True):
+            first = [st[BY_NGRAM].alpha(n - 1) for n in ngrams[0]] if ngrams else None
+            lv = self.lookup_values(st[LOOKUP], depth, origin, first) if len(depth) > 1 else []
             # Best first: a lookup node ties after trained ones and after its parent (lower index).
             streams = [_scaled(vals, r) for vals, r in zip(self.by_depth, self.depth_factors(st[TRAINED]), strict=True)]
             lk = sorted((-v, 1, i + 1) for i, v in enumerate(lv))

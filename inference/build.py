@@ -202,6 +202,7 @@ def fused_setup(base: EngineSetup, cfg: Config, tokenizer, curve: dict[int, floa
         curve=curve,
         max_budget=inf.max_budget,
         resize_trained=resize,
+        max_ngram=lookup.max_ngram,
     )
     drafter = FusedDrafter(base.engine.drafter, lookup, planner, base.accuracies)
     info = {

@@ -12,7 +12,14 @@ from tiny_models import tiny_llama
 
 from headway.config import ConfigError, load_config
 from headway.features import TargetFeatures
-from headway.inference.allocation import LOOKUP, TRAINED, DepthStats, NodePlanner, conditional_alphas
+from headway.inference.allocation import (
+    BY_NGRAM,
+    LOOKUP,
+    TRAINED,
+    DepthStats,
+    NodePlanner,
+    conditional_alphas,
+)
 from headway.inference.drafter import Accepted
 from headway.inference.drafters import FusedDrafter, LookupDrafter, ModelDrafter
 from headway.inference.drafters.lookup import NgramIndex
@@ -178,6 +185,8 @@ def test_fused_tree_merges_and_credits_both_sources(tiny):
     assert t["lookup_nodes"] > 0 and t["lookup_tokens"] > 0 and t["trained_nodes"] > 0, t
     # the repeating target rewards lookup: its online alpha rose above the prior
     assert all(st[LOOKUP].alpha(0) > 0.5 for st in fused.stats)
+    # and every verified candidate's first token taught its match length's acceptance
+    assert all(sum(st[BY_NGRAM].reached) > 0 for st in fused.stats)
 
 
 # ---------------------------------------------------------------- the planner
@@ -221,6 +230,25 @@ def test_planner_gives_lookup_nodes_when_it_has_been_right():
     assert alone.trained == 2 and len(alone.lookup[0]) == 6  # within the budget of 8
     none = planner.plan([good], [([0], [-1])])  # no lookup match: everything to the drafter
     assert none.trained == 8 and none.lookup == [[]]
+
+
+def test_planner_prices_lookup_nodes_by_their_match_length():
+    """Uncapped candidates: a match length whose first tokens keep failing loses its nodes, the
+    other keeps its whole tail (what lookup's tokens_per_ngram cap does blindly)."""
+    planner = NodePlanner(DRAFTER_DEFAULT_ACCURACIES, budget=8, max_depth=4, lookup_depth=6)
+    depth, origin = _lookup_trie([1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12])  # ranks 0 and 1
+    ngrams = [4, 1]  # rank 0 matched 4 tokens, rank 1 one token
+    short_bad, long_bad = planner.new_stats(), planner.new_stats()
+    for st, good_n, bad_n in ((short_bad, 4, 1), (long_bad, 1, 4)):
+        for _ in range(20):
+            st[LOOKUP].update(6, 6)
+            st[BY_NGRAM].add(good_n - 1, True)
+            st[BY_NGRAM].add(bad_n - 1, False)
+    plan = planner.plan([short_bad, long_bad], [(depth, origin, ngrams)] * 2)
+    assert plan.lookup[0] == [1, 2, 3, 4, 5, 6]  # the 4-token match, whole
+    assert set(plan.lookup[1]) >= {7, 8, 9} and not set(plan.lookup[1]) & {4, 5, 6}
+    # without match lengths the planner falls back to rank order: the first candidate first
+    assert planner.plan([long_bad], [(depth, origin)]).lookup[0][:6] == [1, 2, 3, 4, 5, 6]
 
 
 def test_planner_grows_the_tree_only_where_nodes_pay_for_their_verification():

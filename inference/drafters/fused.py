@@ -22,7 +22,7 @@ import copy
 import torch
 
 from headway.features import FeatureSpec
-from headway.inference.allocation import LOOKUP, TRAINED, DepthStats, NodePlanner
+from headway.inference.allocation import BY_NGRAM, LOOKUP, TRAINED, DepthStats, NodePlanner
 from headway.inference.drafter import Accepted, DraftTree
 from headway.inference.drafters.lookup import LookupDrafter
 from headway.inference.drafters.trie import TokenTrie, stack_rows
@@ -49,8 +49,10 @@ class FusedDrafter:
     def reset(self) -> None:
         self.trained.reset()
         self.lookup.reset()
-        self.stats: list[dict[int, DepthStats]] = []
-        self.last: list[tuple[TokenTrie, list[int], list[int]]] | None = None  # per row: trie, sources, children's sources
+        self.stats: list[dict[int | str, DepthStats]] = []
+        # per row: trie, sources, children's sources; the first tokens of the lookup candidates verified (n, token)
+        self.last: list[tuple[TokenTrie, list[int], list[int]]] | None = None
+        self.firsts: list[list[tuple[int, int]]] = []
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.trained.select_rows(keep)
@@ -67,10 +69,16 @@ class FusedDrafter:
 
     def _credit(self, acc: Accepted) -> None:
         """Each source: the accepted draft tokens inside its own proposals, and the depths it was tried at."""
-        for st, (trie, src, kid_src), toks, ok in zip(
-            self.stats, self.last, acc.tokens.tolist(), acc.valid.tolist(), strict=True
+        firsts = self.firsts or [[] for _ in self.last]
+        for st, (trie, src, kid_src), first, toks, ok in zip(
+            self.stats, self.last, firsts, acc.tokens.tolist(), acc.valid.tolist(), strict=True
         ):
-            path = trie.walk([t for t, v in zip(toks, ok, strict=True) if v][1:])  # [0] is the root
+            accepted = [t for t, v in zip(toks, ok, strict=True) if v][1:]  # [0] is the root
+            for n, tok in first:
+                hit = bool(accepted) and accepted[0] == tok
+                st[BY_NGRAM].add(n - 1, hit)
+                self.carry[BY_NGRAM].add(n - 1, hit)
+            path = trie.walk(accepted)
             for s in (TRAINED, LOOKUP):
                 credit = 0
                 while credit < len(path) and src[path[credit]] & s:
@@ -80,7 +88,7 @@ class FusedDrafter:
                 st[s].update(reached, credit)
                 self.carry[s].update(reached, credit)
                 self.totals["trained_tokens" if s == TRAINED else "lookup_tokens"] += credit
-        self.last = None
+        self.last, self.firsts = None, []
 
     def _trained_spec(self, spec: TreeSpec, n: int) -> TreeSpec:
         if not self.planner.resize_trained:
@@ -94,8 +102,14 @@ class FusedDrafter:
 
     def draft(self, root: torch.Tensor, spec: TreeSpec, sampling: SamplingParams, generator) -> DraftTree:
         roots = root.tolist()
-        lk = self.lookup.tries(roots, self.lookup.max_nodes)
-        plan = self.planner.plan(self.stats, [(t.depth, t.origin) for t in lk])
+        # Uncapped candidates: the planner prices each node by its match length instead of cutting it.
+        lk = self.lookup.tries(roots, self.lookup.max_nodes, capped=False)
+        plan = self.planner.plan(self.stats, [(t.depth, t.origin, ngrams) for t, ngrams in lk])
+        # the first token of each candidate verified, with its match length: what BY_NGRAM learns from
+        self.firsts = [
+            [(ngrams[t.origin[k]], t.tokens[k - 1]) for k in keep if t.depth[k] == 1]
+            for (t, ngrams), keep in zip(lk, plan.lookup, strict=True)
+        ]
         if plan.trained == 0:  # lookup alone this step; the trained drafter catches up next time
             dt = DraftTree(root.new_zeros(len(roots), 0), root.new_zeros(len(roots), 0))
             self.skipped += 1
@@ -106,7 +120,7 @@ class FusedDrafter:
             self.last = [self._sources(TokenTrie.of(t, p), [TRAINED] * len(t)) for t, p in self._rows(dt)]
             return dt
         tries, self.last = [], []
-        for (tok, par), t, keep in zip(self._rows(dt), lk, plan.lookup, strict=True):
+        for (tok, par), (t, _), keep in zip(self._rows(dt), lk, plan.lookup, strict=True):
             trie = TokenTrie.of(tok, par)
             src = [TRAINED] * len(tok)
             where = {0: 0}  # lookup node -> fused node

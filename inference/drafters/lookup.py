@@ -119,24 +119,25 @@ class LookupDrafter:
     def select_rows(self, keep: torch.Tensor) -> None:
         self.rows = [self.rows[i] for i in keep.tolist()]
 
-    def candidates(self, roots: list[int]) -> list[list[tuple[int, list[int]]]]:
-        """Per row: (matched n, continuation) pairs, best first."""
+    def candidates(self, roots: list[int], capped: bool = True) -> list[list[tuple[int, list[int]]]]:
+        """Per row: (matched n, continuation) pairs, best first (capped=False: max_tokens long whatever n)."""
+        per_ngram = self.tokens_per_ngram if capped else None
         return [
-            row.candidates(r, self.max_tokens, self.num_candidates, self.tokens_per_ngram)
+            row.candidates(r, self.max_tokens, self.num_candidates, per_ngram)
             for row, r in zip(self.rows, roots, strict=True)
         ]
 
-    def tries(self, roots: list[int], limit: int) -> list[TokenTrie]:
-        """Per row, the candidates merged into a trie of at most `limit` nodes; a node's origin is the
-        rank of the candidate that added it."""
+    def tries(self, roots: list[int], limit: int, capped: bool = True) -> list[tuple[TokenTrie, list[int]]]:
+        """Per row, the candidates merged into a trie of at most `limit` nodes (a node's origin is the
+        rank of the candidate that added it), and each rank's matched n."""
         out = []
-        for cands in self.candidates(roots):
+        for cands in self.candidates(roots, capped):
             trie = TokenTrie()
             for rank, (_, cont) in enumerate(cands):
                 trie.insert(cont, origin=rank, limit=limit)
-            out.append(trie)
+            out.append((trie, [n for n, _ in cands]))
         return out
 
     def draft(self, root: torch.Tensor, spec: TreeSpec, sampling: SamplingParams, generator) -> DraftTree:
         roots = root.tolist()
-        return stack_rows(self.tries(roots, spec.num_nodes), roots, root.device)
+        return stack_rows([t for t, _ in self.tries(roots, spec.num_nodes)], roots, root.device)
