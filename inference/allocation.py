@@ -61,19 +61,19 @@ class DepthStats:
         """This step the path reached `reached` depths where the source proposed, and `accepted` of them passed."""
         if reached <= 0:
             return
-        D = len(self.prior)
-        for i in range(D):
-            self.reached[i] *= self.decay
-            self.accepted[i] *= self.decay
-        for i in range(min(reached, D)):
+        self._forget()
+        for i in range(min(reached, len(self.prior))):
             self.reached[i] += 1.0
             self.accepted[i] += 1.0 if i < accepted else 0.0
 
+    def _forget(self) -> None:
+        for i in range(len(self.prior)):
+            self.reached[i] *= self.decay
+            self.accepted[i] *= self.decay
+
     def add(self, i: int, ok: bool) -> None:
         """One observation of entry i alone (the others only forget)."""
-        for j in range(len(self.prior)):
-            self.reached[j] *= self.decay
-            self.accepted[j] *= self.decay
+        self._forget()
         i = min(i, len(self.prior) - 1)
         self.reached[i] += 1.0
         self.accepted[i] += 1.0 if ok else 0.0

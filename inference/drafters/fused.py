@@ -69,9 +69,8 @@ class FusedDrafter:
 
     def _credit(self, acc: Accepted) -> None:
         """Each source: the accepted draft tokens inside its own proposals, and the depths it was tried at."""
-        firsts = self.firsts or [[] for _ in self.last]
         for st, (trie, src, kid_src), first, toks, ok in zip(
-            self.stats, self.last, firsts, acc.tokens.tolist(), acc.valid.tolist(), strict=True
+            self.stats, self.last, self.firsts, acc.tokens.tolist(), acc.valid.tolist(), strict=True
         ):
             accepted = [t for t, v in zip(toks, ok, strict=True) if v][1:]  # [0] is the root
             for n, tok in first:
