@@ -6,6 +6,7 @@
     python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --per-domain 2 --max-new-tokens 32  # smoke: untrained heads
     python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --layer-skip 8   # self-speculation baseline
     python scripts/evaluate.py --config configs/smollm2-135m/eagle3.yaml --checkpoint DIR --modes fused
+    python scripts/evaluate.py --config ... target.dtype=float32 --costs-from runs/eval/eagle3/report.json  # same text
 
 Methods: plain decoding (transformers generate), the engine in each drafting mode of `--modes`
 (default: the trained drafter alone, our prompt lookup alone, both fused into one tree; lookup only
@@ -16,6 +17,11 @@ one, each method continuing its own answers) the methods run back to back in one
 order that rotates per prompt, so machine drift hits all alike. Writes report.json / report.md /
 report.png to --out and prints the tables. Extra `section.key=value` arguments override the recipe
 (e.g. inference.tree_budget=32).
+
+`--costs-from REPORT` sizes trees from an earlier report's verify-cost curve and draft cost instead of
+measuring them. Two variants of the engine compared in fp32 then write the same text (every answer
+equals plain) with the trees a bf16 run would build: in bf16 their answers part at near-ties, so
+their tau would compare different texts; without it fp32's steeper curve would pick smaller trees.
 """
 
 from __future__ import annotations
@@ -164,6 +170,30 @@ class Runner:
         return res
 
 
+def read_costs(path: str) -> tuple[dict[int, float], float | None]:
+    """An earlier report's verify-cost curve {new tokens: seconds} and draft cost per step (None: not
+    measured there). Raises ValueError naming the file and the key when the report lacks them."""
+    import json
+
+    try:
+        rep = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--costs-from {path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--costs-from {path}: not JSON ({e})") from None
+    raw = rep.get("verify_cost") if isinstance(rep, dict) else None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"--costs-from {path}: no 'verify_cost' curve (a scripts/evaluate.py report.json has one)")
+    try:
+        curve = {int(k): float(v) for k, v in raw.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"--costs-from {path}: 'verify_cost' must map token counts to seconds, got {raw}") from None
+    if min(curve) < 1 or min(curve.values()) <= 0:
+        raise ValueError(f"--costs-from {path}: 'verify_cost' needs token counts >= 1 and positive seconds, got {raw}")
+    draft = rep.get("draft_cost_s")
+    return dict(sorted(curve.items())), None if draft is None else float(draft)
+
+
 def check_settings(ev, inf, args) -> str | None:
     """Why these evaluation settings cannot run, or None: checked before the target is loaded."""
     if ev.max_new_tokens < 1:
@@ -209,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--profile", action="store_true", help="synchronise CUDA between engine phases (exact ms per phase)"
     )
+    p.add_argument(
+        "--costs-from",
+        help="an earlier report.json: size trees from its verify-cost curve and draft cost instead of measuring",
+    )
     p.add_argument("overrides", nargs="*", help="section.key=value overrides of the recipe")
     args = p.parse_intermixed_args(argv)
 
@@ -225,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = check_settings(ev, inf, args)  # before anything heavy is loaded
     if problem:
         p.error(problem)
+    costs = read_costs(args.costs_from) if args.costs_from else None
     out_dir = Path(
         args.out or ev.output_dir or (Path(args.checkpoint) / "eval" if args.checkpoint else "runs/eval")
     )
@@ -243,8 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     if not questions:
         raise ValueError(f"every question is too long: {limit}")
     device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
-    print(f"target {cfg.target.name} on {device} ({dtype}); measuring the verify cost curve")
-    curve = measure_verify_cost(target)
+    if costs is None:
+        print(f"target {cfg.target.name} on {device} ({dtype}); measuring the verify cost curve")
+        curve = measure_verify_cost(target)
+    else:
+        print(f"target {cfg.target.name} on {device} ({dtype}); verify cost curve from {args.costs_from}")
+        curve = costs[0]
     base = curve[min(curve)]
     print("verify cost (k new tokens / one): " + ", ".join(f"{k}: {v / base:.2f}x" for k, v in curve.items()))
     setups = build_engines(cfg, args.checkpoint, target, tok, modes(cfg, args), layer_skip=args.layer_skip, curve=curve)
@@ -264,10 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         runner.spec(s.method, warm, 8, seed=0)
     tuned = [s for s in setups.values() if s.mode != "lookup" and s.info["budget_source"].startswith("auto")]
     tuned.sort(key=lambda s: s.mode != "drafter")
-    if tuned:  # the trained drafter's cost per step, measured alone (a fused engine sometimes skips it)
+    if tuned and costs is not None and costs[1] is not None:
+        draft_cost = costs[1]
+    elif tuned:  # the trained drafter's cost per step, measured alone (a fused engine sometimes skips it)
         calib = first_turn_ids(tok, "Explain in a few sentences why the sky is blue.")
         out = runner.spec(tuned[0].method, calib, 48, seed=0)[2]
         draft_cost = out.timings.get("draft", 0.0) / max(1, sum(map(len, out.accepted)))
+    if tuned:
         for s in tuned:
             retune_budget(s, curve, draft_cost, inf.max_budget)
             print(f"{s.mode}: budget retuned to {s.info['budget']} nodes ({s.info['budget_source']})")
@@ -297,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft_cost_s": setup.info.get("draft_cost_s"),
         "accuracies": setup.info["accuracies"],
         "verify_cost": {str(k): v for k, v in curve.items()},
+        "costs_from": args.costs_from,  # None: the curve and draft cost were measured in this run
         "acceptance": inf.acceptance,
         "lossless": inf.acceptance == "exact",
         "sampling": {"temperature": inf.temperature, "top_p": inf.top_p, "top_k": inf.sample_top_k},

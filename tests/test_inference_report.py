@@ -233,3 +233,50 @@ def test_evaluate_script_end_to_end(tiny_target, smol_tok, tmp_path):
     assert rep["dtype"] == "float32" and rep["budget"] == 8 and rep["verify_cost"]
     assert "threads" in rep["hardware"] and rep["hardware"] in (out / "report.md").read_text()  # the machine, named
     assert (out / "report.md").read_text().count("|") > 20 and (out / "report.png").stat().st_size > 1000
+
+
+def test_costs_from_reads_an_earlier_reports_curve_and_names_what_is_missing(tmp_path):
+    from headway.inference.evaluate import read_costs
+
+    rep = tmp_path / "report.json"
+    rep.write_text(json.dumps({"verify_cost": {"4": 0.02, "1": 0.01}, "draft_cost_s": 0.003}))
+    assert read_costs(str(rep)) == ({1: 0.01, 4: 0.02}, 0.003)
+    rep.write_text(json.dumps({"verify_cost": {"1": 0.01}, "draft_cost_s": None}))
+    assert read_costs(str(rep)) == ({1: 0.01}, None)
+    for body, message in (
+        ({"tau": 2.0}, "no 'verify_cost' curve"),
+        ({"verify_cost": {"one": 0.01}}, "must map token counts"),
+        ({"verify_cost": {"0": 0.01}}, "token counts >= 1"),
+    ):
+        rep.write_text(json.dumps(body))
+        with pytest.raises(ValueError, match=message):
+            read_costs(str(rep))
+    with pytest.raises(ValueError, match="nope.json: no such file"):
+        read_costs(str(tmp_path / "nope.json"))
+
+
+def test_evaluate_sizes_trees_from_costs_from_without_measuring(tiny_target, smol_tok, tmp_path, monkeypatch):
+    model_dir = tmp_path / "tiny"
+    tiny_target.save_pretrained(model_dir)
+    smol_tok.save_pretrained(model_dir)
+    recipe = tmp_path / "medusa.yaml"
+    recipe.write_text(
+        f"base: {ROOT / 'configs/smollm2-135m/medusa.yaml'}\n"
+        f"target: {{name: {model_dir}, dtype: float32, device: cpu, hidden_size: 64, num_hidden_layers: 4}}\n"
+    )
+    earlier = tmp_path / "earlier.json"
+    curve = {"1": 0.01, "8": 0.011, "32": 0.05, "128": 0.4}
+    earlier.write_text(json.dumps({"verify_cost": curve, "draft_cost_s": 0.002}))
+    from headway.inference import evaluate
+
+    def must_not_measure(*a, **k):
+        raise AssertionError("--costs-from must replace the measured curve")
+
+    monkeypatch.setattr(evaluate, "measure_verify_cost", must_not_measure)
+    out = tmp_path / "eval"
+    argv = ["--config", str(recipe), "--per-domain", "1", "--max-new-tokens", "3", "--out", str(out)]
+    assert evaluate.main([*argv, "--costs-from", str(earlier)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["verify_cost"] == curve and rep["costs_from"] == str(earlier)
+    assert rep["draft_cost_s"] == 0.002  # the auto budget was retuned with the earlier run's draft cost
+    assert rep["overall"]["methods"]["medusa"]["identical_to_plain"] == rep["overall"]["n_prompts"]
