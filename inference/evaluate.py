@@ -27,6 +27,7 @@ their tau would compare different texts; without it fp32's steeper curve would p
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -173,8 +174,6 @@ class Runner:
 def read_costs(path: str) -> tuple[dict[int, float], float | None]:
     """An earlier report's verify-cost curve {new tokens: seconds} and draft cost per step (None: not
     measured there). Raises ValueError naming the file and the key when the report lacks them."""
-    import json
-
     try:
         rep = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -278,12 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     if not questions:
         raise ValueError(f"every question is too long: {limit}")
     device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
-    if costs is None:
-        print(f"target {cfg.target.name} on {device} ({dtype}); measuring the verify cost curve")
-        curve = measure_verify_cost(target)
-    else:
-        print(f"target {cfg.target.name} on {device} ({dtype}); verify cost curve from {args.costs_from}")
-        curve = costs[0]
+    where = f"from {args.costs_from}" if costs else "measuring it"
+    print(f"target {cfg.target.name} on {device} ({dtype}); verify cost curve: {where}")
+    curve = costs[0] if costs else measure_verify_cost(target)
     base = curve[min(curve)]
     print("verify cost (k new tokens / one): " + ", ".join(f"{k}: {v / base:.2f}x" for k, v in curve.items()))
     setups = build_engines(cfg, args.checkpoint, target, tok, modes(cfg, args), layer_skip=args.layer_skip, curve=curve)
@@ -303,13 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         runner.spec(s.method, warm, 8, seed=0)
     tuned = [s for s in setups.values() if s.mode != "lookup" and s.info["budget_source"].startswith("auto")]
     tuned.sort(key=lambda s: s.mode != "drafter")
-    if tuned and costs is not None and costs[1] is not None:
-        draft_cost = costs[1]
-    elif tuned:  # the trained drafter's cost per step, measured alone (a fused engine sometimes skips it)
-        calib = first_turn_ids(tok, "Explain in a few sentences why the sky is blue.")
-        out = runner.spec(tuned[0].method, calib, 48, seed=0)[2]
-        draft_cost = out.timings.get("draft", 0.0) / max(1, sum(map(len, out.accepted)))
     if tuned:
+        draft_cost = costs[1] if costs else None
+        if draft_cost is None:  # the trained drafter's cost per step, measured alone (a fused engine sometimes skips it)
+            calib = first_turn_ids(tok, "Explain in a few sentences why the sky is blue.")
+            out = runner.spec(tuned[0].method, calib, 48, seed=0)[2]
+            draft_cost = out.timings.get("draft", 0.0) / max(1, sum(map(len, out.accepted)))
         for s in tuned:
             retune_budget(s, curve, draft_cost, inf.max_budget)
             print(f"{s.mode}: budget retuned to {s.info['budget']} nodes ({s.info['budget_source']})")

@@ -180,7 +180,8 @@ def test_build_without_heads_section_errors(tiny_target, smol_tok):
 # ---------------------------------------------------------------- evaluate.py end to end
 
 
-def test_evaluate_script_end_to_end(tiny_target, smol_tok, tmp_path):
+def _tiny_medusa_recipe(tiny_target, smol_tok, tmp_path) -> Path:
+    """The SmolLM2 Medusa recipe on the tiny target (saved under tmp_path), fp32 on CPU."""
     model_dir = tmp_path / "tiny"
     tiny_target.save_pretrained(model_dir)
     smol_tok.save_pretrained(model_dir)
@@ -189,6 +190,11 @@ def test_evaluate_script_end_to_end(tiny_target, smol_tok, tmp_path):
         f"base: {ROOT / 'configs/smollm2-135m/medusa.yaml'}\n"
         f"target: {{name: {model_dir}, dtype: float32, device: cpu, hidden_size: 64, num_hidden_layers: 4}}\n"
     )
+    return recipe
+
+
+def test_evaluate_script_end_to_end(tiny_target, smol_tok, tmp_path):
+    recipe = _tiny_medusa_recipe(tiny_target, smol_tok, tmp_path)
     from headway.inference import evaluate
 
     out = tmp_path / "eval"
@@ -256,14 +262,7 @@ def test_costs_from_reads_an_earlier_reports_curve_and_names_what_is_missing(tmp
 
 
 def test_evaluate_sizes_trees_from_costs_from_without_measuring(tiny_target, smol_tok, tmp_path, monkeypatch):
-    model_dir = tmp_path / "tiny"
-    tiny_target.save_pretrained(model_dir)
-    smol_tok.save_pretrained(model_dir)
-    recipe = tmp_path / "medusa.yaml"
-    recipe.write_text(
-        f"base: {ROOT / 'configs/smollm2-135m/medusa.yaml'}\n"
-        f"target: {{name: {model_dir}, dtype: float32, device: cpu, hidden_size: 64, num_hidden_layers: 4}}\n"
-    )
+    recipe = _tiny_medusa_recipe(tiny_target, smol_tok, tmp_path)
     earlier = tmp_path / "earlier.json"
     curve = {"1": 0.01, "8": 0.011, "32": 0.05, "128": 0.4}
     earlier.write_text(json.dumps({"verify_cost": curve, "draft_cost_s": 0.002}))
