@@ -8,8 +8,9 @@
 Each row of the batch holds one conversation. When its answer ends (EOS or max_new_tokens) the row
 hands it to its job, which returns the next turn (the ids so far, answers verbatim, plus the next
 user turn) or None. The row then continues in place, prefilling only the new tokens (the history's
-keys and values are in its slots already), or takes the next job from the queue: no row idles while
-others finish their answers, and no turn recomputes its history.
+keys and values are in its slots already), or takes the next job from the queue: rows do not wait for
+the slowest answer of a batch, and no turn recomputes its history. Free rows are refilled a few at a
+time (once batch_size // REFILL_FRACTION are free), so that one prefill forward takes several prompts.
 
 The KV cache is a preallocated `SlotCache` (headway/kv.py): row r's tokens sit in slots 0..len_r - 1
 (slot = position), an additive float mask marks each row's valid slots, a decode step writes one slot
@@ -44,9 +45,10 @@ from headway.kv import GROUP_ROWS, SlotCache, decode_attention, decode_reads
 from headway.sampling import SamplingParams, sample_rows, warp
 
 PREFILL_PADDING = 1.25  # a prefill group's padded tokens may exceed its real tokens by this factor
-PREFILL_TOKENS = 4096  # at most this many (padded) tokens per prefill forward
+PREFILL_TOKENS = 2048  # at most this many (padded) tokens per prefill forward (HF prefill is fastest near 2,048: prefill_chunks.py)
 SORT_EVERY = 16  # decode steps between checks whether sorting the rows into groups pays
 SORT_GAIN = 0.15  # sort when it cuts a decode step's slot reads by more than this
+REFILL_FRACTION = 8  # refill once batch_size // this many rows are free: prefill several prompts per forward
 
 
 @dataclass
@@ -101,6 +103,10 @@ class Generator:
             raise ValueError("the generator keeps hidden states, not logits (V floats per token)")
         self.model, self.decoder, self.lm_head = model, model.get_decoder(), model.get_output_embeddings()
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        # A prefill forward over one short prompt runs at about half the tokens/s of one over several
+        # (session seven, model-167 CPU), so free rows wait (fed a dummy token) until a few can be refilled
+        # together; the decode steps they sit out cost less than the prefill forwards they save.
+        self.refill_rows = max(1, batch_size // REFILL_FRACTION)
         self.eos = set(eos_ids)
         self.sampling = sampling or SamplingParams()
         self.capture = capture
@@ -118,25 +124,26 @@ class Generator:
         since_sort = 0
         with decode_attention(self.model) as cache.grouped:
             while True:
-                for i in range(len(rows)):
-                    if rows[i] is None and queue is not None:
+                free = [i for i, r in enumerate(rows) if r is None]
+                if queue is not None and free and (len(free) >= self.refill_rows or len(free) == len(rows)):
+                    for i in free:
                         job = next(queue, None)
                         if job is None:
                             queue = None
-                        else:
-                            rows[i] = self._start(job, job.first_turn())
+                            break
+                        rows[i] = self._start(job, job.first_turn())
                 if queue is None and None in rows:  # nothing left to refill with: drop the empty rows
                     keep = [i for i, r in enumerate(rows) if r is not None]
                     if not keep:
                         return
                     cache.select(torch.tensor(keep, device=self.device))
                     rows = [rows[i] for i in keep]
-                prefill = [i for i, r in enumerate(rows) if len(r.pending) > 1]
+                prefill = [i for i, r in enumerate(rows) if r is not None and len(r.pending) > 1]
                 for group in _prefill_groups(prefill, [len(rows[i].pending) for i in prefill]):
                     self._advance(rows, group, self._feed(cache, rows, group))
-                if all(r is not None and len(r.pending) == 1 for r in rows):
+                if all(r is None or len(r.pending) == 1 for r in rows):  # None: a free row waiting for a refill
                     since_sort += 1
-                    order = _regroup_order([len(r.fed) + 1 for r in rows], cache.group_rows) if since_sort >= SORT_EVERY else None
+                    order = _regroup_order([len(r.fed) + 1 if r else 1 for r in rows], cache.group_rows) if since_sort >= SORT_EVERY else None
                     if order is not None:  # rows of similar length share a group: decode reads less padding
                         cache.select(torch.tensor(order, device=self.device))
                         rows, since_sort = [rows[i] for i in order], 0
@@ -160,10 +167,12 @@ class Generator:
         each row's last fed position."""
         sel = rows if idx is None else [rows[i] for i in idx]
         dev = self.device
-        n = max(len(r.pending) for r in sel)
-        ids = torch.tensor([r.pending + r.pending[-1:] * (n - len(r.pending)) for r in sel], device=dev)
-        starts = torch.tensor([len(r.fed) for r in sel], device=dev)
-        lengths = torch.tensor([len(r.pending) for r in sel], device=dev)
+        # A free row (None) feeds a dummy token into its slot 0; its next prompt overwrites it.
+        pending = [r.pending if r is not None else [0] for r in sel]
+        n = max(len(p) for p in pending)
+        ids = torch.tensor([p + p[-1:] * (n - len(p)) for p in pending], device=dev)
+        starts = torch.tensor([len(r.fed) if r is not None else 0 for r in sel], device=dev)
+        lengths = torch.tensor([len(p) for p in pending], device=dev)
         width = cache.plan(None if idx is None else torch.tensor(idx, device=dev), starts, n)
         pos = starts[:, None] + torch.arange(n, device=dev)
         allowed = torch.arange(width, device=dev)[None, None, :] <= pos[:, :, None]
@@ -179,8 +188,11 @@ class Generator:
                 feats[feature_key("final_normed")] = hidden
             for j, r in enumerate(sel):
                 for key, t in feats.items():
-                    r.feats.setdefault(key, []).append(t[j, : len(r.pending)].clone())
+                    if r is not None:
+                        r.feats.setdefault(key, []).append(t[j, : len(r.pending)].clone())
         for r in sel:
+            if r is None:
+                continue
             r.fed += r.pending
             r.pending = []
         last = hidden[torch.arange(len(sel), device=dev), lengths - 1]
@@ -191,7 +203,7 @@ class Generator:
         if self.sampling.greedy:
             tokens = logits.argmax(-1).tolist()
         else:
-            drawing = [j for j, i in enumerate(idx) if not rows[i].closing]  # a closing row feeds, draws nothing
+            drawing = [j for j, i in enumerate(idx) if rows[i] is not None and not rows[i].closing]  # a closing row feeds, draws nothing
             tokens = [-1] * len(idx)
             if drawing:
                 probs = warp(logits[drawing].float(), self.sampling)
@@ -199,6 +211,8 @@ class Generator:
                     tokens[j] = t
         for i, t in zip(idx, tokens, strict=True):
             row = rows[i]
+            if row is None:  # a free row's dummy token
+                continue
             if row.closing:  # its last token's features are in: the conversation is over
                 row.job.done(self._features(row))
                 rows[i] = None

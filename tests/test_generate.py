@@ -66,12 +66,15 @@ def refs(model, prompts):
     return [reference(model, p, 20) for p in prompts]
 
 
-@pytest.fixture(params=["default", "regrouped"])
+@pytest.fixture(params=["default", "regrouped", "late_refill"])
 def grouping(request, monkeypatch):
     """default: the shipped group size and sorting rule; regrouped: groups of 2 rows, resorted by length at
-    every decode step (SlotCache.select on a full batch), so a row's slots move between groups often."""
+    every decode step (SlotCache.select on a full batch), so a row's slots move between groups often;
+    late_refill: free rows wait (feeding dummy tokens through the decode steps) until the whole batch is free."""
     import headway.data.generate as gen
 
+    if request.param == "late_refill":
+        monkeypatch.setattr(gen, "REFILL_FRACTION", 1)
     if request.param == "regrouped":
         monkeypatch.setattr(gen, "GROUP_ROWS", 2)
         monkeypatch.setattr(gen, "SORT_EVERY", 1)
