@@ -182,17 +182,14 @@ class Generator:
             hidden = self.decoder(
                 input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache, use_cache=True
             ).last_hidden_state
-        if self.capture is not None:
-            feats = {feature_key("layer", i): captured[i] for i in layers}
-            if self.capture.final_normed:
-                feats[feature_key("final_normed")] = hidden
-            for j, r in enumerate(sel):
-                for key, t in feats.items():
-                    if r is not None:
-                        r.feats.setdefault(key, []).append(t[j, : len(r.pending)].clone())
-        for r in sel:
-            if r is None:
+        feats = {feature_key("layer", i): captured[i] for i in layers}
+        if self.capture is not None and self.capture.final_normed:
+            feats[feature_key("final_normed")] = hidden
+        for j, r in enumerate(sel):
+            if r is None:  # a free row: its dummy token leaves nothing behind
                 continue
+            for key, t in feats.items():
+                r.feats.setdefault(key, []).append(t[j, : len(r.pending)].clone())
             r.fed += r.pending
             r.pending = []
         last = hidden[torch.arange(len(sel), device=dev), lengths - 1]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headway.config import DataConfig, SourceConfig
+from headway.data.chat import first_turn_ids
 from headway.data.overlap import eval_overlap
 from headway.data.prompt_files import load_json_rows
 from headway.paths import resolve_path
@@ -204,3 +205,13 @@ def load_conversations(cfg: DataConfig, writer: PromptWriter | None = None) -> t
         random.Random(f"{cfg.seed}:{name}").shuffle(usable)
         convs.extend(usable[:n])
     return convs, skipped
+
+
+def benchmark_prompts(cfg: DataConfig, tok, seed: int = 0) -> list[list[int]]:
+    """First-turn prompt ids of the file and passage sources (self_written ones need a run) that fit
+    `generation.max_prompt_tokens`, in a seeded shuffle: what the generator's benchmarks draw from."""
+    convs, _ = load_conversations(cfg)
+    prompts = [first_turn_ids(tok, c.turns[0]) for c in convs]
+    prompts = [p for p in prompts if len(p) <= cfg.generation.max_prompt_tokens]
+    random.Random(seed).shuffle(prompts)
+    return prompts

@@ -17,15 +17,13 @@ at a near-tie. Run it alone on the machine: a shared CPU spoils the figures.
 from __future__ import annotations
 
 import argparse
-import random
 
 import torch
 
 from headway.bench import measure, mib
 from headway.config import load_config
-from headway.data.chat import first_turn_ids
 from headway.data.generate import generate_batch
-from headway.data.sources import load_conversations
+from headway.data.sources import benchmark_prompts
 from headway.target import load_target, stop_token_ids
 from headway.tokens import cut_at_eos, left_pad
 
@@ -65,10 +63,7 @@ def main() -> None:
     cfg = load_config(args.config)
     model, tok = load_target(cfg.target)
     eos_ids = stop_token_ids(model, tok)
-    convs, _ = load_conversations(cfg.data)  # file and passage sources (self_written ones need a run)
-    prompts = [first_turn_ids(tok, c.turns[0]) for c in convs]
-    prompts = [p for p in prompts if len(p) <= cfg.data.generation.max_prompt_tokens]
-    random.Random(0).shuffle(prompts)
+    prompts = benchmark_prompts(cfg.data, tok)  # file and passage sources, seeded shuffle
     print(
         f"device {model.device}, dtype {model.dtype}, threads {torch.get_num_threads()}, "
         f"max_new_tokens {args.max_new_tokens}, greedy, {len(prompts)} prompts to draw from"

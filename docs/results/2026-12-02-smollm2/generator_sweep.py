@@ -4,24 +4,19 @@ Session six, model-167 machine: 64x8 322, 64x16 313, 64x32 302 (192 prompts x 12
 
     python docs/results/2026-12-02-smollm2/generator_sweep.py 192 128 1 64x8 64x16 64x32   # prompts, tokens, rounds
 """
-import random
 import sys
 import time
 
 import headway.data.generate as G
 from headway.config import load_config
-from headway.data.chat import first_turn_ids
 from headway.data.distill import data_feature_spec
-from headway.data.sources import load_conversations
+from headway.data.sources import benchmark_prompts
 from headway.target import load_target, stop_token_ids
 
 cfg = load_config("configs/smollm2-135m/data.yaml")
 model, tok = load_target(cfg.target)
 eos = stop_token_ids(model, tok)
-convs, _ = load_conversations(cfg.data)
-prompts = [first_turn_ids(tok, c.turns[0]) for c in convs]
-prompts = [p for p in prompts if len(p) <= cfg.data.generation.max_prompt_tokens]
-random.Random(0).shuffle(prompts)
+prompts = benchmark_prompts(cfg.data, tok)
 N, MAX_NEW, ROUNDS = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 settings = [tuple(map(int, s.split("x"))) for s in sys.argv[4:]]  # BATCHxGROUP
 capture = data_feature_spec(cfg.data.features, model.config.num_hidden_layers)

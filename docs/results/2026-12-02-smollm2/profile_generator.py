@@ -5,7 +5,6 @@ mix's file and passage prompts at batch 64 (features kept as `data.features` say
     python docs/results/2026-12-02-smollm2/profile_generator.py 192 128 nofeat
 """
 
-import random
 import sys
 import time
 
@@ -13,9 +12,8 @@ import torch
 
 import headway.data.generate as G
 from headway.config import load_config
-from headway.data.chat import first_turn_ids
 from headway.data.distill import data_feature_spec
-from headway.data.sources import load_conversations
+from headway.data.sources import benchmark_prompts
 from headway.target import load_target, stop_token_ids
 
 BATCH = 64
@@ -23,10 +21,7 @@ BATCH = 64
 cfg = load_config("configs/smollm2-135m/data.yaml")
 model, tok = load_target(cfg.target)
 eos = stop_token_ids(model, tok)
-convs, _ = load_conversations(cfg.data)
-prompts = [first_turn_ids(tok, c.turns[0]) for c in convs]
-prompts = [p for p in prompts if len(p) <= cfg.data.generation.max_prompt_tokens]
-random.Random(0).shuffle(prompts)
+prompts = benchmark_prompts(cfg.data, tok)
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 192
 MAX_NEW = int(sys.argv[2]) if len(sys.argv) > 2 else 128
 capture = None if "nofeat" in sys.argv else data_feature_spec(cfg.data.features, model.config.num_hidden_layers)

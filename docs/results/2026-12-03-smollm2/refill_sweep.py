@@ -10,24 +10,19 @@ tokens/s, prefill 20 / 17 / 16 / 15% of the time; at refill 8, PREFILL_TOKENS 40
 (prefill_tokens_sweep.txt).
 """
 
-import random
 import sys
 import time
 
 import headway.data.generate as G
 from headway.config import load_config
-from headway.data.chat import first_turn_ids
 from headway.data.distill import data_feature_spec
-from headway.data.sources import load_conversations
+from headway.data.sources import benchmark_prompts
 from headway.target import load_target, stop_token_ids
 
 cfg = load_config("configs/smollm2-135m/data.yaml")
 model, tok = load_target(cfg.target)
 eos = stop_token_ids(model, tok)
-convs, _ = load_conversations(cfg.data)
-prompts = [first_turn_ids(tok, c.turns[0]) for c in convs]
-prompts = [p for p in prompts if len(p) <= cfg.data.generation.max_prompt_tokens]
-random.Random(0).shuffle(prompts)
+prompts = benchmark_prompts(cfg.data, tok)
 N, MAX_NEW, ROUNDS = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 settings = [tuple(map(int, (s + "x4096").split("x")[:3])) for s in sys.argv[4:]]  # BATCHxREFILL[xPREFILL_TOKENS]
 capture = data_feature_spec(cfg.data.features, model.config.num_hidden_layers)
