@@ -263,13 +263,14 @@ def build_engine(
 
 
 def retune_budget(
-    setup: EngineSetup, curve: dict[int, float], draft_cost: float, max_budget: int = 127
+    setup: EngineSetup, curve: dict[int, float], draft_cost: float, max_budget: int = 127, cost_source: str = "measured"
 ) -> None:
     """Re-choose an auto budget now that the drafter's own cost per step is measured: a drafter that
     costs a constant per step makes verifying a few more nodes relatively cheaper. A dynamic tree's
     drafter runs one forward per level, so its depth is chosen too (at most inference.depth): a level
     whose nodes the profile expects to be accepted too rarely is not worth its forward. Prompt lookup
-    alone keeps its budget; a fused engine moves its planner to the new budget and cost."""
+    alone keeps its budget; a fused engine moves its planner to the new budget and cost. `cost_source`
+    says where draft_cost came from in the report ("measured", or an earlier report's path)."""
     if setup.mode == "lookup":
         return
     spec = setup.engine.spec
@@ -295,8 +296,9 @@ def retune_budget(
             "budget": budget,
             "budget_table": table,
             "draft_cost_s": draft_cost,
-            "budget_source": setup.info["budget_source"]
-            + f" and a measured draft cost of {1000 * draft_cost:.1f} ms/step"
+            "budget_source": setup.info.setdefault("prior_budget_source", setup.info["budget_source"])  # retuned again: not appended twice
+            + (" and a measured" if cost_source == "measured" else f" and {cost_source}'s")
+            + f" draft cost of {1000 * draft_cost:.1f} ms/step"
             + (f" ({1000 * forward:.1f} ms per tree level: depth {depth})" if per_level else ""),
         }
     )

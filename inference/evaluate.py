@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             out = runner.spec(tuned[0].method, calib, 48, seed=0)[2]
             draft_cost = out.timings.get("draft", 0.0) / max(1, sum(map(len, out.accepted)))
         for s in tuned:
-            retune_budget(s, curve, draft_cost, inf.max_budget)
+            retune_budget(s, curve, draft_cost, inf.max_budget, args.costs_from if costs and costs[1] is not None else "measured")
             print(f"{s.mode}: budget retuned to {s.info['budget']} nodes ({s.info['budget_source']})")
 
     results = []

@@ -130,7 +130,9 @@ def test_build_medusa_auto(tiny_target, smol_tok):
     assert narrow.engine.spec.tree.max_depth <= 4  # never deeper than the heads
     retune_budget(narrow, STEEP, draft_cost=1000.0, max_budget=64)  # drafting dwarfs verifying
     assert narrow.info["budget"] == 64 and narrow.engine.spec.tree.num_nodes == 64
-    assert "draft cost" in narrow.info["budget_source"]
+    assert "a measured draft cost" in narrow.info["budget_source"]
+    retune_budget(narrow, STEEP, draft_cost=1000.0, max_budget=64, cost_source="runs/a/report.json")  # --costs-from
+    assert "runs/a/report.json's draft cost" in narrow.info["budget_source"] and "measured" not in narrow.info["budget_source"]
 
 
 def test_build_eagle_dynamic_chain_and_paths(tiny_target, smol_tok, tmp_path):
