@@ -14,11 +14,10 @@ time (once batch_size // REFILL_FRACTION are free), so that one prefill forward 
 
 The KV cache is a preallocated `SlotCache` (headway/kv.py): row r's tokens sit in slots 0..len_r - 1
 (slot = position), an additive float mask marks each row's valid slots, a decode step writes one slot
-per row in place (no torch.cat of the whole cache each step) and attends group by group (each group's
-buffers as wide as its longest row; `decode_attention`). Every SORT_EVERY decode steps the rows are
-sorted by length, in groups of GROUP_ROWS or a multiple where one wider call costs less than several
-(`best_sizes`), when that cuts a step's attention cost by more than SORT_GAIN: short rows stop paying
-for long ones. New prompts and next turns are prefilled right-padded, grouped by length; their
+per row in place (no torch.cat of the whole cache each step) and attends group by group (rows in
+groups of GROUP_ROWS, each group's buffers as wide as its longest row; `decode_attention`). Every
+SORT_EVERY decode steps the rows are sorted by length when that cuts the slots a step reads by more
+than SORT_GAIN, so short rows stop paying for long ones. New prompts and next turns are prefilled right-padded, grouped by length; their
 padding writes garbage past the row's length, masked and later overwritten. Logits are computed only
 at each row's last position (the decoder, then lm_head on those hidden states).
 
@@ -42,7 +41,7 @@ from typing import Protocol
 import torch
 
 from headway.features import FeatureSpec, LayerCapture, feature_key
-from headway.kv import DECODE_CALL_SLOTS, GROUP_ROWS, SlotCache, best_sizes, decode_attention, decode_cost
+from headway.kv import GROUP_ROWS, SlotCache, decode_attention, decode_reads
 from headway.sampling import SamplingParams, sample_rows, warp
 
 PREFILL_PADDING = 1.25  # a prefill group's padded tokens may exceed its real tokens by this factor
@@ -144,11 +143,9 @@ class Generator:
                     self._advance(rows, group, self._feed(cache, rows, group))
                 if all(r is None or len(r.pending) == 1 for r in rows):  # None: a free row waiting for a refill
                     since_sort += 1
-                    lengths = [len(r.fed) + 1 if r else 1 for r in rows]
-                    regroup = _regroup(lengths, cache.group_sizes(), cache.group_rows) if since_sort >= SORT_EVERY else None
-                    if regroup is not None:  # rows of similar length share a group: decode reads less padding
-                        order, sizes = regroup
-                        cache.select(torch.tensor(order, device=self.device), sizes)
+                    order = _regroup_order([len(r.fed) + 1 if r else 1 for r in rows], cache.group_rows) if since_sort >= SORT_EVERY else None
+                    if order is not None:  # rows of similar length share a group: decode reads less padding
+                        cache.select(torch.tensor(order, device=self.device))
                         rows, since_sort = [rows[i] for i in order], 0
                     everyone = list(range(len(rows)))
                     self._advance(rows, everyone, self._feed(cache, rows, None))
@@ -239,16 +236,12 @@ class Generator:
         return {key: torch.cat(chunks).cpu() for key, chunks in row.feats.items()}
 
 
-def _regroup(lengths: list[int], sizes: list[int], group_rows: int) -> tuple[list[int], list[int]] | None:
-    """Rows sorted by length in groups sized to cut the decode attention's cost (fewer, wider calls where
-    neighbours are about as long: `best_sizes`), when that cuts it by more than SORT_GAIN against the rows'
-    order and groups `sizes` now (regrouping copies every row's keys and values once, about one decode
-    step's reads); else None. Returns (order, group sizes)."""
+def _regroup_order(lengths: list[int], group_rows: int) -> list[int] | None:
+    """Rows sorted by length, when that cuts a decode step's reads by more than SORT_GAIN (regrouping
+    copies every row's keys and values once, about one decode step's reads); else None."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    ordered = [lengths[i] for i in order]
-    new = best_sizes(ordered, group_rows, DECODE_CALL_SLOTS)
-    now, then = decode_cost(lengths, sizes, DECODE_CALL_SLOTS), decode_cost(ordered, new, DECODE_CALL_SLOTS)
-    return (order, new) if now > (1 + SORT_GAIN) * then else None
+    now, sorted_ = decode_reads(lengths, group_rows), decode_reads([lengths[i] for i in order], group_rows)
+    return order if now > (1 + SORT_GAIN) * sorted_ else None
 
 
 def _prefill_groups(idx: list[int], lengths: list[int]) -> list[list[int]]:

@@ -53,11 +53,7 @@ def select_rows(cache: Cache, keep: torch.Tensor) -> None:
 
 
 CAPACITY_STEP = 64  # slots a group's buffers grow or shrink by
-GROUP_ROWS = 8  # rows per group of buffers unless told otherwise (`select`), and the unit groups are sized in
-# A group's attention call costs about as much as reading this many row-slots more: decode attention over
-# 64 rows x 256 slots took 1,245 us per layer in groups of 8 against 746 us in one (bf16, 2-core model-167
-# CPU, docs/results/2026-12-02-smollm2/slot_attention_groups.py): ~71 us per call, 0.046 us per row-slot.
-DECODE_CALL_SLOTS = 1536
+GROUP_ROWS = 8  # rows per group of buffers: a decode step attends group by group, each over its own width
 SLOT_ATTENTION = "headway_slot_decode"  # the attention function `decode_attention` switches a model to
 
 
@@ -66,34 +62,11 @@ def fit_slots(n: int) -> int:
     return -(-n // CAPACITY_STEP) * CAPACITY_STEP
 
 
-def chunk_sizes(rows: int, group_rows: int) -> list[int]:
-    """Rows in groups of group_rows (the last one smaller)."""
-    return [min(group_rows, rows - start) for start in range(0, rows, group_rows)]
-
-
-def decode_cost(lengths: list[int], sizes: list[int], call_slots: int = DECODE_CALL_SLOTS) -> int:
-    """A decode step's attention cost in row-slots over rows of these lengths, in this order, in groups of
-    these sizes: each group reads its rows at the width of its longest, plus call_slots per group."""
-    cost, start = 0, 0
-    for n in sizes:
-        cost += n * fit_slots(max(lengths[start : start + n])) + call_slots
-        start += n
-    return cost
-
-
-def best_sizes(lengths: list[int], group_rows: int, call_slots: int = DECODE_CALL_SLOTS) -> list[int]:
-    """Group sizes (multiples of group_rows, the last group may be smaller) that minimise `decode_cost` for
-    rows of these lengths in this order (sorted by length: neighbours merge when one call reads less than
-    two). On a tie the smaller groups win, so with call_slots 0 every group has group_rows rows."""
-    ends = list(range(group_rows, len(lengths), group_rows)) + [len(lengths)]
-    best: list[tuple[int, list[int]]] = [(0, [])]  # best[k]: (cost, sizes) of the rows before ends[k - 1]
-    for k, end in enumerate(ends, start=1):
-        cands = []
-        for j in range(k - 1, -1, -1):  # the nearest cut first: on a tie the smaller group is kept
-            start = ends[j - 1] if j else 0
-            cands.append((best[j][0] + (end - start) * fit_slots(max(lengths[start:end])) + call_slots, best[j][1] + [end - start]))
-        best.append(min(cands, key=lambda c: c[0]))
-    return best[-1][1]
+def decode_reads(lengths: list[int], group_rows: int) -> int:
+    """Slots a decode step reads over rows of these lengths, in this order: each group as wide as its longest."""
+    return sum(
+        len(lengths[i : i + group_rows]) * fit_slots(max(lengths[i : i + group_rows])) for i in range(0, len(lengths), group_rows)
+    )
 
 
 class SlotCache(Cache):
@@ -102,15 +75,15 @@ class SlotCache(Cache):
         cache = SlotCache(rows=32, capacity=0)
         cache.plan(rows, starts, n)   # this forward: rows [R] (None: all, in order), each writes n slots from starts [R]
         model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache)
-        cache.select(keep, sizes)     # keep only these rows (their order becomes the new row order), in groups of sizes
+        cache.select(keep)            # keep only these rows (their order becomes the new row order)
 
     Row r holds its sequence in slots 0..len_r - 1; a forward writes each row's new keys and values at
     slots starts[r] + j in place (index_copy_, no concatenation). Which slots a row may see is the
     caller's additive mask: the cache keeps no lengths. Rows that write fewer than n real tokens (right
     padding) leave garbage past their length, masked out and overwritten by their next tokens.
 
-    The rows are kept in groups (rows 0..7, 8..15, ... of `group_rows` each, or the sizes `select` is given),
-    each group in its own contiguous buffers [group rows, heads, slots, head dim] at most CAPACITY_STEP slots wider than its longest row
+    The rows are kept in groups of `group_rows` (rows 0..7, 8..15, ...), each group in its own contiguous
+    buffers [group rows, heads, slots, head dim] at most CAPACITY_STEP slots wider than its longest row
     (they grow and shrink by that step, a copy each time). A decode step (a forward over every row)
     reads all the keys and values it attends over, and with rows of mixed lengths most of a single
     buffer as wide as the longest row is masked padding; per group, it reads about what the rows hold
@@ -125,28 +98,16 @@ class SlotCache(Cache):
         if group_rows < 1:
             raise ValueError(f"group_rows must be at least 1, got {group_rows}")
         self.num_rows, self.group_rows = rows, group_rows
-        self._set_sizes(chunk_sizes(rows, group_rows))
-        self.caps = [capacity] * len(self.sizes)
+        self.caps = [capacity] * len(self.group_sizes())
         self.grouped = False
         self.rows: torch.Tensor | None = None
         self.slots = torch.zeros(rows, 1, dtype=torch.long)
         self.window = 0
         self._writes: tuple | None = None  # (heads, caps) -> per group: (which written rows, flat slot index)
 
-    @staticmethod
-    def _check_sizes(sizes: list[int], rows: int) -> None:
-        if sum(sizes) != rows or min(sizes, default=1) < 1:
-            raise ValueError(f"group sizes {sizes} must be positive and add up to the {rows} rows")
-
-    def _set_sizes(self, sizes: list[int]) -> None:
-        self._check_sizes(sizes, self.num_rows)
-        self.sizes = list(sizes)
-        self.group_of = [g for g, n in enumerate(sizes) for _ in range(n)]  # row -> its group
-        self.first = [sum(sizes[:g]) for g in range(len(sizes))]  # group -> its first row
-        self._group_t, self._first_t = torch.tensor(self.group_of, dtype=torch.long), torch.tensor(self.first, dtype=torch.long)
-
     def group_sizes(self) -> list[int]:
-        return list(self.sizes)
+        g = self.group_rows
+        return [min(g, self.num_rows - start) for start in range(0, self.num_rows, g)]
 
     @property
     def capacity(self) -> int:
@@ -166,7 +127,7 @@ class SlotCache(Cache):
         row_ids = range(self.num_rows) if rows is None else rows.tolist()
         need: dict[int, int] = {}
         for r, end in zip(row_ids, (self.slots[:, -1] + 1).tolist(), strict=True):
-            g = self.group_of[r]
+            g = r // self.group_rows
             need[g] = max(need.get(g, 0), end)
         # A group grows when a row needs more slots; it shrinks only after a decode step, which writes
         # (and so names the length of) every row of the group.
@@ -186,30 +147,24 @@ class SlotCache(Cache):
             dev = self.slots.device
             rows = torch.arange(self.num_rows, device=dev) if self.rows is None else self.rows.to(dev)
             head = torch.arange(heads, device=dev)
-            group = self._group_t.to(dev)[rows]
             out = []
-            for g in sorted(set(group.tolist())):
-                sel = (group == g).nonzero().flatten()
-                local = rows[sel] - self.first[g]
+            for g in sorted(set((rows // self.group_rows).tolist())):
+                sel = (rows // self.group_rows == g).nonzero().flatten()
+                local = rows[sel] - g * self.group_rows
                 flat = (local[:, None, None] * heads + head[None, :, None]) * self.caps[g] + self.slots[sel][:, None, :]
                 which = slice(int(sel[0]), int(sel[-1]) + 1) if self.rows is None else sel  # decode: rows in order
                 out.append((g, which, flat.reshape(-1)))
             self._writes = (key, out)
         return self._writes[1]
 
-    def select(self, keep: torch.Tensor, sizes: list[int] | None = None) -> None:
-        """Keep only rows `keep` (indices into the current rows), in that order, in groups of `sizes` rows
-        (default: `group_rows` each); regrouped: a copy."""
-        old_caps, old_group = self.caps, self.group_of
-        old_first = self.first
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only rows `keep` (indices into the current rows), in that order (regrouped: a copy)."""
+        old_caps, g = self.caps, self.group_rows
+        self.num_rows = keep.numel()
         kept = keep.tolist()
-        sizes = sizes if sizes is not None else chunk_sizes(len(kept), self.group_rows)
-        self._check_sizes(sizes, len(kept))  # before anything changes
-        self.num_rows = len(kept)
-        self._set_sizes(sizes)
-        self.caps = [max(old_caps[old_group[r]] for r in kept[f : f + n]) for f, n in zip(self.first, self.sizes, strict=True)]
+        self.caps = [max(old_caps[r // g] for r in kept[start : start + g]) for start in range(0, len(kept), g)]
         for layer in self.layers:
-            layer.regroup(kept, (old_group, old_first))
+            layer.regroup(kept, old_caps)
         self._writes = None
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -242,16 +197,15 @@ class _SlotLayer(CacheLayerMixin):
             new[:, :, :keep] = old[:, :, :keep]
             bufs[g] = new
 
-    def regroup(self, kept: list[int], old_layout: tuple[list[int], list[int]]) -> None:
-        """Rows `kept` (old row ids; old_layout: the old (group of each row, first row of each group)), in
-        that order, into groups of the owner's new sizes and capacities."""
+    def regroup(self, kept: list[int], old_caps: list[int]) -> None:
+        """Rows `kept` (old row ids), in that order, into groups of the owner's new sizes and capacities."""
         if not self.is_initialized:
             return
-        o = self.owner
+        o, g = self.owner, self.owner.group_rows
         for name in ("keys", "values"):
             old = getattr(self, name)
-            parts = zip(o.first, o.sizes, o.caps, strict=True)
-            setattr(self, name, [self._gather(old, kept[f : f + n], cap, old_layout) for f, n, cap in parts])
+            sizes = zip(o.group_sizes(), o.caps, strict=True)
+            setattr(self, name, [self._gather(old, kept[k * g : k * g + n], cap) for k, (n, cap) in enumerate(sizes)])
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -268,17 +222,15 @@ class _SlotLayer(CacheLayerMixin):
         window = o.capacity if o.rows is None else o.window
         return self._gather(self.keys, row_ids, window), self._gather(self.values, row_ids, window)
 
-    def _gather(self, bufs: list[torch.Tensor], row_ids, window: int, layout: tuple[list[int], list[int]] | None = None) -> torch.Tensor:
-        """Rows `row_ids` (in that order) of the grouped buffers `bufs` (laid out as `layout` says: (group
-        of each row, first row of each group); default the owner's), slots 0..window - 1, in one tensor
+    def _gather(self, bufs: list[torch.Tensor], row_ids, window: int) -> torch.Tensor:
+        """Rows `row_ids` (in that order) of the grouped buffers `bufs`, slots 0..window - 1, in one tensor
         [R, heads, window, D] (slots past a group's width are 0)."""
-        group_of, first = layout or (self.owner.group_of, self.owner.first)
+        g = self.owner.group_rows
         out = bufs[0].new_zeros(len(row_ids), bufs[0].shape[1], window, bufs[0].shape[-1])
         for i, r in enumerate(row_ids):
-            g = group_of[r]
-            buf = bufs[g]
+            buf = bufs[r // g]
             width = min(window, buf.shape[2])
-            out[i, :, :width] = buf[r - first[g], :, :width]
+            out[i, :, :width] = buf[r % g, :, :width]
         return out
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
@@ -313,7 +265,7 @@ def _slot_decode_attention(module, query, key, value, attention_mask, scaling=No
         for k, v in zip(key, value, strict=True):
             end = first + k.shape[0]
             mask = None if attention_mask is None else attention_mask[first:end, ..., : k.shape[2]]
-            _rows_attention(query[first:end], k, v, mask, scale, out=out[first:end])  # written in place
+            out[first:end] = _rows_attention(query[first:end], k, v, mask, scale)
             first = end
         return out, None
     if query.shape[2] != 1 or special or not key.is_contiguous() or not value.is_contiguous():
@@ -321,22 +273,18 @@ def _slot_decode_attention(module, query, key, value, attention_mask, scaling=No
     return _rows_attention(query, key, value, attention_mask, scale), None
 
 
-def _rows_attention(query, key, value, attention_mask, scale, out=None):
-    """[B, Hq, 1, D] queries over contiguous [B, Hk, S, D] keys and values; returns [B, 1, Hq, D] (into
-    `out`, a contiguous tensor of that shape, when given)."""
+def _rows_attention(query, key, value, attention_mask, scale):
+    """[B, Hq, 1, D] queries over contiguous [B, Hk, S, D] keys and values."""
     B, Hq, _, D = query.shape
     Hk, S = key.shape[1], key.shape[2]
     q = query.reshape(B * Hk, Hq // Hk, D)
     scores = torch.bmm(q, key.view(B * Hk, S, D).transpose(1, 2)).view(B, Hk, Hq // Hk, S)
-    scores = scores.mul_(scale)
+    scores = scores * scale
     if attention_mask is not None:
-        scores = scores.add_(attention_mask)  # [B, 1, 1, S] broadcasts over heads
+        scores = scores + attention_mask  # [B, 1, 1, S] broadcasts over heads
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    dv = value.shape[-1]
-    if out is None:
-        out = probs.new_empty(B, 1, Hq, dv)
-    torch.bmm(probs.view(B * Hk, Hq // Hk, S), value.view(B * Hk, S, dv), out=out.view(B * Hk, Hq // Hk, dv))
-    return out  # [B, q, heads, D], as transformers' kernels return
+    out = torch.bmm(probs.view(B * Hk, Hq // Hk, S), value.view(B * Hk, S, value.shape[-1]))
+    return out.view(B, 1, Hq, value.shape[-1])  # [B, q, heads, D], as transformers' kernels return
 
 
 @contextmanager

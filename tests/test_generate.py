@@ -68,9 +68,8 @@ def refs(model, prompts):
 
 @pytest.fixture(params=["default", "regrouped", "late_refill"])
 def grouping(request, monkeypatch):
-    """default: the shipped group size and sorting rule; regrouped: groups of 2 rows or a multiple (rows of
-    equal width merge: a call costs 100 row-slots), resorted by length at every decode step (SlotCache.select
-    on a full batch), so a row's slots move between groups of changing sizes often;
+    """default: the shipped group size and sorting rule; regrouped: groups of 2 rows, resorted by length at
+    every decode step (SlotCache.select on a full batch), so a row's slots move between groups often;
     late_refill: free rows wait (feeding dummy tokens through the decode steps) until the whole batch is free."""
     import headway.data.generate as gen
 
@@ -78,7 +77,6 @@ def grouping(request, monkeypatch):
         monkeypatch.setattr(gen, "REFILL_FRACTION", 1)
     if request.param == "regrouped":
         monkeypatch.setattr(gen, "GROUP_ROWS", 2)
-        monkeypatch.setattr(gen, "DECODE_CALL_SLOTS", 100)
         monkeypatch.setattr(gen, "SORT_EVERY", 1)
         monkeypatch.setattr(gen, "SORT_GAIN", -1.0)  # any order that is not already sorted is resorted
     return request.param
@@ -127,30 +125,15 @@ def test_sampling_depends_on_the_turns_seed_not_on_the_batch(model, prompts, gro
 
 
 def test_rows_are_sorted_into_groups_only_when_it_pays():
-    from headway.data.generate import _regroup
-    from headway.kv import decode_cost
+    from headway.data.generate import _regroup_order
+    from headway.kv import decode_reads
 
     mixed = [900, 40, 900, 40, 900, 40, 900, 40]  # groups of 2: every group as wide as 900
-    order, sizes = _regroup(mixed, [2, 2, 2, 2], 2)
-    assert [mixed[i] for i in order] == sorted(mixed)
-    assert sizes == [4, 4], "rows of one width share one call"
-    assert decode_cost([mixed[i] for i in order], sizes) < 0.6 * decode_cost(mixed, [2, 2, 2, 2])
-    assert _regroup(sorted(mixed), [4, 4], 2) is None, "already sorted and sized: no copy"
-    assert _regroup([100, 120, 90, 110], [4], 2) is None, "similar lengths: within one capacity step, no gain"
-    assert _regroup([100, 120, 90, 110], [2, 2], 2)[1] == [4], "one call instead of two at the same width"
-
-
-def test_group_sizes_trade_a_call_against_padding():
-    from headway.kv import best_sizes, decode_cost
-
-    lengths = [40] * 4 + [900] * 4
-    assert best_sizes(lengths, 2) == [4, 4]  # a call costs more than nothing, merging 40s with 900s far more
-    assert best_sizes(lengths, 2, call_slots=0) == [2, 2, 2, 2], "no call cost: the smallest groups"
-    assert best_sizes(lengths, 2, call_slots=10**6) == [8], "calls dear: one group"
-    assert best_sizes([10] * 7, 3) == [7]  # the last group may be smaller than group_rows
-    assert best_sizes([10, 10, 10, 500, 500, 500, 500], 3, call_slots=0) == [3, 3, 1]
-    for sizes in ([8], [2, 6], [4, 4], [2, 2, 2, 2], [6, 2]):  # the chosen sizes cost the least
-        assert decode_cost(lengths, [4, 4]) <= decode_cost(lengths, sizes)
+    order = _regroup_order(mixed, 2)
+    assert order is not None and [mixed[i] for i in order] == sorted(mixed)
+    assert decode_reads([mixed[i] for i in order], 2) < 0.6 * decode_reads(mixed, 2)
+    assert _regroup_order(sorted(mixed), 2) is None, "already sorted: no copy"
+    assert _regroup_order([100, 120, 90, 110], 2) is None, "similar lengths: within one capacity step, no gain"
 
 
 def test_prefill_groups_bound_padding():
@@ -238,7 +221,7 @@ def test_slot_cache_groups_grow_shrink_and_regroup_without_losing_a_slot():
         for r in range(rows):
             assert torch.equal(got[r, :, : lengths[r]], dense[r, :, : lengths[r]]), r
         for k, n in enumerate(cache.group_sizes() if after_decode else []):  # each group at most one step wider than its longest row
-            longest = max(lengths[cache.first[k] : cache.first[k] + n])
+            longest = max(lengths[k * 3 : k * 3 + n])
             assert layer.keys[k].shape[2] == cache.caps[k] and cache.caps[k] - longest < 2 * CAPACITY_STEP + 1
 
     write([0, 2, 4], 200)  # prefills: groups 0 and 1 grow
@@ -248,16 +231,13 @@ def test_slot_cache_groups_grow_shrink_and_regroup_without_losing_a_slot():
     check()
     for _ in range(3):
         write(list(range(rows)), 1)
-    order = sorted(range(rows), key=lambda r: lengths[r])  # regroup: long rows together, in groups of 2 and 5
-    cache.select(torch.tensor(order), [2, 5])
-    assert cache.group_sizes() == [2, 5] and [layer.keys[k].shape[0] for k in range(2)] == [2, 5]
+    order = sorted(range(rows), key=lambda r: lengths[r])  # regroup: long rows together
+    cache.select(torch.tensor(order))
     dense, lengths = dense[order].clone(), [lengths[r] for r in order]
     check(after_decode=False)  # groups keep their widths until a decode step names every row's length
     write(list(range(rows)), 1)  # a decode step after regrouping shrinks the short rows' groups
     check()
     assert cache.caps[0] < cache.caps[-1]
-    with pytest.raises(ValueError, match="add up to the 2 rows"):
-        cache.select(torch.tensor([6, 0]), [3])
     cache.select(torch.tensor([6, 0]))  # rows leave
     dense, lengths = dense[[6, 0]].clone(), [lengths[6], lengths[0]]
     rows = 2
