@@ -6,7 +6,8 @@ generator's own decode step (`_feed`, SlotCache, grouped attention) under torch.
 
 Session eight, model-167 machine, alone (decode_step_parts.txt): our step 247-271 ms; by op, the grouped
 attention's bmm 48% (114 ms a step: 1.18 GB of keys and values at about 10 GB/s), mm 18%, index_copy_ 5%,
-argmax 4% (bf16 argmax over [128, 49152]: 9.9 ms, in fp32 4.8 ms; the generator now takes it in fp32).
+argmax 4% (bf16 argmax over [128, 49152]: 9.9 ms, in fp32 4.8 ms in a micro-benchmark; taking it in fp32 in
+the generator bought nothing in a real run, argmax_ab.txt, and was reverted).
 HF's forward over n > 1 new tokens per row with a padded-batch DynamicCache costs 4-8x its one-token
 forward (SDPA's masked path), so it says nothing about what verifying drafts in the generator would cost.
 """
