@@ -300,13 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     tuned = [s for s in setups.values() if s.mode != "lookup" and s.info["budget_source"].startswith("auto")]
     tuned.sort(key=lambda s: s.mode != "drafter")
     if tuned:
-        draft_cost = costs[1] if costs else None
+        draft_cost, cost_source = (costs[1], args.costs_from) if costs and costs[1] is not None else (None, "measured")
         if draft_cost is None:  # the trained drafter's cost per step, measured alone (a fused engine sometimes skips it)
             calib = first_turn_ids(tok, "Explain in a few sentences why the sky is blue.")
             out = runner.spec(tuned[0].method, calib, 48, seed=0)[2]
             draft_cost = out.timings.get("draft", 0.0) / max(1, sum(map(len, out.accepted)))
         for s in tuned:
-            retune_budget(s, curve, draft_cost, inf.max_budget, args.costs_from if costs and costs[1] is not None else "measured")
+            retune_budget(s, curve, draft_cost, inf.max_budget, cost_source)
             print(f"{s.mode}: budget retuned to {s.info['budget']} nodes ({s.info['budget_source']})")
 
     results = []
