@@ -43,6 +43,24 @@ def trainable_signature(model: nn.Module) -> str:
     return hashlib.sha256(repr(spec).encode()).hexdigest()[:16]
 
 
+def check_holds_weights(folder: Path, trainable_keys: set[str]) -> None:
+    """Refuse a checkpoint whose model.safetensors lacks trainable weights: loading it (not strict) would
+    silently keep the fresh ones. DeepSpeed's checkpoints have no such file and are loaded by DeepSpeed."""
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        missing = trainable_keys - set(f.keys())
+    if missing:
+        raise ValueError(
+            f"checkpoint {folder} lacks {len(missing)} of the {len(trainable_keys)} trainable weights (e.g. "
+            f"{sorted(missing)[0]}); multi-process launches before 2026-12-03 wrote such empty checkpoints. "
+            "Delete the folder's checkpoints/ or set train.resume=never to start over"
+        )
+
+
 def checkpoint_dir(root: Path, step: int) -> Path:
     return root / f"{PREFIX}{step:07d}"
 

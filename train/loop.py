@@ -42,6 +42,7 @@ from headway.features import TargetFeatures
 from headway.memory import CreepBound, keep_freed_cpu_memory, peak_memory
 from headway.train.checkpoint import (
     TrainerState,
+    check_holds_weights,
     checkpoint_dir,
     clean_staging,
     latest_checkpoint,
@@ -209,13 +210,17 @@ class _Run:
             ds_config["train_batch_size"] = cfg.batch_size * cfg.grad_accum * self.world
         self.model, self.optimizer, self.scheduler = accelerator.prepare(module, optimizer, scheduler)
         self.signature = trainable_signature(module)
-        trainable_keys = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        # Named on the unwrapped module: accelerate saves and loads that one, not the DDP wrapper (whose names
+        # gain "module.", which once emptied every checkpoint a multi-process launch wrote).
+        self.trainable_keys = trainable_keys = {n for n, p in module.named_parameters() if p.requires_grad}
 
         def keep_trainable_only(_models, weights, _output_dir):
             # A frozen target inside the objective (Medusa-2) is not copied into every checkpoint.
             for w in weights:
                 for k in [k for k in w if k not in trainable_keys]:
                     del w[k]
+                if missing := trainable_keys - w.keys():
+                    raise RuntimeError(f"checkpoint would lack {len(missing)} trainable weights, e.g. {sorted(missing)[:3]}")
 
         accelerator.register_save_state_pre_hook(keep_trainable_only)
 
@@ -240,6 +245,7 @@ class _Run:
             )
         # Only trainable weights are saved, so the module load is not strict (DeepSpeed names the flag its own way).
         not_strict = {"load_module_strict": False} if accelerator.state.deepspeed_plugin is not None else {"strict": False}
+        check_holds_weights(resumed_from, self.trainable_keys)
         accelerator.load_state(str(resumed_from), **not_strict)
         self.state = saved
         accelerator.print(f"resumed from {resumed_from} at step {saved.step}")
