@@ -25,6 +25,7 @@ from torch import nn
 from headway.features import FeatureSpec, TargetFeatures
 from headway.heads.base import LossOutput, next_token_probs, shift_left
 from headway.heads.medusa import MedusaHeads
+from headway.heads.soft_ce import projected_soft_ce
 
 
 def medusa_head_targets(
@@ -68,8 +69,19 @@ def medusa_loss(
         h = hidden[valid]  # [N, h]
         target_ids = labels[valid]
         draft_ids = heads.to_draft_ids(target_ids)
-        logits = heads.head_logits(k0, h).float()  # [N, V']
         in_vocab = draft_ids >= 0
+        if soft_label_weight == 1.0 and torch.is_grad_enabled():
+            # Training on soft labels alone: the gradient over the [N, V'] logits is formed in the forward
+            # pass (heads/soft_ce.py), so neither the logits nor their fp32 log-softmax stay for backward.
+            rows = torch.where(in_vocab, shift_left(teacher_row, k, -1)[valid], -1)
+            ce_sum, pred = projected_soft_ce(heads.blocks[k0](h), heads.lm_heads[k0].weight, teacher, rows)
+            ce = ce_sum / in_vocab.sum().clamp(min=1)
+            total = total + (decay**k) * ce
+            metrics[f"head{k}/loss"] = ce.detach()
+            metrics[f"head{k}/top1"] = (pred == draft_ids).sum().float() / max(1, h.shape[0])
+            metrics[f"head{k}/positions"] = torch.tensor(float(h.shape[0]))
+            continue
+        logits = heads.head_logits(k0, h).float()  # [N, V']
         if not bool(in_vocab.any()):  # keep every weight in the graph (DDP expects gradients for all of them)
             ce = logits.sum() * 0.0
         elif soft_label_weight > 0:  # one log-softmax serves the label and the target's distribution

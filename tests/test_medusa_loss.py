@@ -84,9 +84,11 @@ def test_medusa_loss_matches_brute_force(reduced):
         assert out.metrics[f"head{k}/top1"].item() == pytest.approx(acc)
 
 
+@pytest.mark.parametrize("s", [0.7, 1.0])
 @pytest.mark.parametrize("reduced", [False, True])
-def test_soft_labels_match_brute_force(reduced):
-    """Head k at t learns the target's distribution at t+k (over token t+k+1), restricted to the draft vocabulary."""
+def test_soft_labels_match_brute_force(reduced, s):
+    """Head k at t learns the target's distribution at t+k (over token t+k+1), restricted to the draft vocabulary;
+    loss and gradients alike, also through the soft-labels-only path (s = 1, heads/soft_ce.py)."""
     torch.manual_seed(1)
     target = tiny_llama(vocab_size=64, hidden_size=16)
     vocab = DraftVocab(torch.arange(0, 64, 2, dtype=torch.int64), 64) if reduced else None
@@ -96,7 +98,7 @@ def test_soft_labels_match_brute_force(reduced):
             p.add_(0.3 * torch.randn_like(p))
     w = target.get_output_embeddings().weight.detach()
     rows = w[vocab.token_map] if reduced else w
-    B, T, s = 2, 12, 0.7
+    B, T = 2, 12
     hidden = torch.randn(B, T, 16)
     ids = torch.randint(0, 64, (B, T))
     mask = torch.zeros(B, T, dtype=torch.long)
@@ -120,6 +122,10 @@ def test_soft_labels_match_brute_force(reduced):
         ce = (1 - s) * torch.stack(hard).mean() + s * torch.stack(soft).mean()
         total = total + 0.8**k * ce
     torch.testing.assert_close(out.loss, total.float(), rtol=1e-5, atol=1e-6)
+    params = list(heads.parameters())
+    for got, want in zip(torch.autograd.grad(out.loss, params), torch.autograd.grad(total, params), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert ("head1/top5" in out.metrics) == (s < 1)  # s = 1 took the projected path: argmax only, no top-5
     hard_only = medusa_loss(heads, hidden, ids, mask, decay=0.8, teacher_rows=rows, soft_label_weight=0.0)
     assert not torch.allclose(hard_only.loss, out.loss)
 
