@@ -70,11 +70,13 @@ def medusa_loss(
         target_ids = labels[valid]
         draft_ids = heads.to_draft_ids(target_ids)
         in_vocab = draft_ids >= 0
-        if soft_label_weight == 1.0 and torch.is_grad_enabled():
-            # Training on soft labels alone: the gradient over the [N, V'] logits is formed in the forward
-            # pass (heads/soft_ce.py), so neither the logits nor their fp32 log-softmax stay for backward.
+        if soft_label_weight > 0 and torch.is_grad_enabled():
+            # Training: the gradient over the [N, V'] logits is formed in the forward pass (heads/soft_ce.py),
+            # so neither the logits nor their fp32 log-softmax stay for backward. Validation keeps top-5 below.
             rows = torch.where(in_vocab, shift_left(teacher_row, k, -1)[valid], -1)
-            ce_sum, pred = projected_soft_ce(heads.blocks[k0](h), heads.lm_heads[k0].weight, teacher, rows)
+            ce_sum, pred = projected_soft_ce(
+                heads.blocks[k0](h), heads.lm_heads[k0].weight, teacher, rows, draft_ids, 1 - soft_label_weight
+            )
             ce = ce_sum / in_vocab.sum().clamp(min=1)
             total = total + (decay**k) * ce
             metrics[f"head{k}/loss"] = ce.detach()

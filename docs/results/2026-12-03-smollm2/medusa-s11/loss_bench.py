@@ -5,6 +5,9 @@
 The SmolLM2 recipe's shapes (4 heads, hidden 576, draft vocabulary 8,192, bf16 autocast, batch 8), at a
 typical and a long batch. soft_label_weight 1 - 1e-6 takes the autograd path (its hard-label share is a
 gather), 1.0 the projected one. Interleaved, 2 warm-up rounds, median of 5; minor page faults per call.
+Measured at debfec3 (loss_bench.txt). Since the next commits every soft_label_weight > 0 trains through the
+projected path (the hard-label share folded into its target), so at later commits both rows run it; check
+out debfec3 to reproduce the comparison.
 """
 
 import resource
