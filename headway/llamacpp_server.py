@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from headway.llamacpp import LlamaCpp
@@ -32,6 +32,7 @@ from headway.llamacpp import LlamaCpp
 class Completion:
     tokens: list[int]
     timings: dict  # prompt_n, predicted_n, predicted_per_second, ... and draft_n / draft_n_accepted
+    probs: list[dict] = field(default_factory=list)  # with n_probs: per token, its top_logprobs [{id, logprob}]
 
 
 class LlamaServer:
@@ -105,7 +106,7 @@ class LlamaServer:
                 out = json.loads(r.read())
         except urllib.error.HTTPError as e:
             raise RuntimeError(f"llama-server /completion failed ({e.code}): {e.read().decode()[:2000]}") from e
-        return Completion(tokens=list(out["tokens"]), timings=dict(out["timings"]))
+        return Completion(list(out["tokens"]), dict(out["timings"]), out.get("completion_probabilities", []))
 
     def spec_counters(self) -> SpecCounters:
         """The server's speculative counters so far (started with `--metrics`)."""

@@ -49,20 +49,9 @@ def first_divergences(records: list[dict], plain: str) -> list[tuple[str, dict, 
 def llama_logprobs(srv: LlamaServer, ids: list[int], n_predict: int, wanted: list[int]) -> tuple[dict, list]:
     """log p of `wanted` tokens at the last predicted position (from llama.cpp's top-100 list), and the
     tokens predicted."""
-    import urllib.request
-
-    body = {
-        "prompt": ids, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],
-        "ignore_eos": True, "cache_prompt": False, "n_probs": 100, "post_sampling_probs": False,
-    }  # fmt: skip
-    req = urllib.request.Request(
-        srv.url + "/completion", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=600) as r:
-        out = json.loads(r.read())
-    top = out["completion_probabilities"][-1]["top_logprobs"]
-    got = {t["id"]: t["logprob"] for t in top}
-    return {w: got.get(w, float("-inf")) for w in wanted}, [p["id"] for p in out["completion_probabilities"]]
+    out = srv.complete(ids, n_predict, n_probs=100, post_sampling_probs=False)
+    got = {t["id"]: t["logprob"] for t in out.probs[-1]["top_logprobs"]}
+    return {w: got.get(w, float("-inf")) for w in wanted}, out.tokens
 
 
 def main() -> int:

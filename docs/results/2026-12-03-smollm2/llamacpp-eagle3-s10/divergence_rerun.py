@@ -9,7 +9,6 @@ drafter with q8_0 draft and one draft token per step. Also: the same drafter ser
 """
 
 import json
-import urllib.request
 from pathlib import Path
 
 from headway.config import TargetConfig
@@ -24,16 +23,8 @@ FOLDER = Path("exports/smollm2-eagle3-llamacpp")
 QUESTIONS = (151, 242, 248, 250, 330, 488)
 
 
-def request(srv, ids, n, n_probs=0):
-    body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],
-            "ignore_eos": True, "cache_prompt": False, "n_probs": n_probs, "return_tokens": True}  # fmt: skip
-    req = urllib.request.Request(srv.url + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.loads(r.read())
-
-
 def logprobs(out, wanted):
-    got = {t["id"]: t["logprob"] for t in out["completion_probabilities"][-1]["top_logprobs"]}
+    got = {t["id"]: t["logprob"] for t in out.probs[-1]["top_logprobs"]}
     return [got.get(w) for w in wanted]
 
 
@@ -49,11 +40,11 @@ def main():
     spec, spec_probs = {}, {}
     with LlamaServer(llama, target, 2, 8192, draft) as srv:
         for q in QUESTIONS:
-            spec[q] = request(srv, prompts[q], 128)["tokens"]
-            spec_probs[q] = request(srv, prompts[q], 128, n_probs=1)["tokens"]
+            spec[q] = srv.complete(prompts[q], 128).tokens
+            spec_probs[q] = srv.complete(prompts[q], 128, n_probs=1).tokens
     with LlamaServer(llama, target, 2, 8192) as srv:
         for q in QUESTIONS:
-            plain = request(srv, prompts[q], 128)["tokens"]
+            plain = srv.complete(prompts[q], 128).tokens
             rec = recorded[("eagle3-f16", q)]
             d = next((i for i, (a, b) in enumerate(zip(plain, spec[q], strict=False)) if a != b), None)
             print(f"question {q}: plain equals the recorded plain run {plain[: len(rec)] == recorded[('plain-f16', q)][: len(rec)]}, "
@@ -62,8 +53,8 @@ def main():
             if d is None:
                 continue
             p, s = plain[d], spec[q][d]
-            one = logprobs(request(srv, prompts[q] + plain[: d - 1], 2, 100), [p, s])
-            batch = logprobs(request(srv, prompts[q] + plain[:d], 1, 100), [p, s])
+            one = logprobs(srv.complete(prompts[q] + plain[: d - 1], 2, n_probs=100), [p, s])
+            batch = logprobs(srv.complete(prompts[q] + plain[:d], 1, n_probs=100), [p, s])
             print(f"  first difference at answer token {d}: plain {tok.decode([p])!r}, drafter {tok.decode([s])!r}; "
                   f"log p one-token {one[0]:.4f} / {one[1]:.4f} (gap {one[0] - one[1]:+.4f}), "
                   f"batched {batch[0]:.4f} / {batch[1]:.4f} (gap {batch[0] - batch[1]:+.4f})")  # fmt: skip
