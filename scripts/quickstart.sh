@@ -14,23 +14,29 @@ EPOCHS=${EPOCHS:-4}
 EVAL_PER_DOMAIN=${EVAL_PER_DOMAIN:-3}
 EVAL_TOKENS=${EVAL_TOKENS:-64}
 start=$(date +%s)
+split=""  # seconds per stage, printed at the end
+lap() { local now; now=$(date +%s); split="${split:+$split }$1 $(( now - ${last:-$start} )) s,"; last=$now; }
 
 echo "== preparing the target"
 python scripts/prepare_target.py
+lap prepare
 
 echo "== 1. self-distillation: the target answers $PROMPTS_PER_SOURCE prompts per source"
 python scripts/generate_data.py --config configs/smollm2-135m/data.yaml \
   data.output_dir="$OUT/data" data.max_prompts_per_source="$PROMPTS_PER_SOURCE" \
   data.generation.max_new_tokens=160 data.features=[medusa]
+lap self-distillation
 
 echo "== 2. Medusa-1 heads on the frozen target (resumes from the newest checkpoint)"
 python train/medusa.py --config configs/smollm2-135m/medusa.yaml \
   data.output_dir="$OUT/data" train.output_dir="$OUT/medusa" \
   train.epochs="$EPOCHS" train.eval_every=100 train.save_every=100   # ends by writing head_accuracy.json
+lap training
 
 echo "== 3. per-domain evaluation: plain vs Medusa tree verification vs prompt lookup"
 echo "   (quickstart budget: $PROMPTS_PER_SOURCE prompts per source, $EPOCHS epochs, $EVAL_PER_DOMAIN questions per domain, $EVAL_TOKENS new tokens per turn)"
 python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --checkpoint "$OUT/medusa" \
   --per-domain "$EVAL_PER_DOMAIN" --max-new-tokens "$EVAL_TOKENS" --out "$OUT/eval"
+lap evaluation
 
-echo "== done in $(( $(date +%s) - start )) s; outputs under $OUT/"
+echo "== done in $(( $(date +%s) - start )) s (${split%,}); outputs under $OUT/"
