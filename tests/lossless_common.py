@@ -26,9 +26,10 @@ PER_DOMAIN = {"multi_turn": 4, "translation": 4, "summarization": 3, "qa": 3, "m
 EOS = 2
 
 
-def recipe_vocab() -> DraftVocab:
-    """An 8,192-token draft vocabulary, as the SmolLM2 recipes use: the low BPE ids, the common tokens."""
-    return DraftVocab(torch.arange(8192, dtype=torch.int64), 49152)
+def recipe_vocab(size: int = 8192) -> DraftVocab:
+    """A reduced draft vocabulary of the low BPE ids, the common tokens, as the SmolLM2 recipes keep
+    (EAGLE-3: 8,192 ids; Medusa-1: 4,096)."""
+    return DraftVocab(torch.arange(size, dtype=torch.int64), 49152)
 
 
 @pytest.fixture(autouse=True, scope="module")

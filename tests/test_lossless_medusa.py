@@ -1,5 +1,5 @@
 """fp32 greedy losslessness on the real SmolLM2 with Medusa heads (untrained: they draft like the
-target's lm_head one token early) over a reduced 8,192-token draft vocabulary as in the recipe:
+target's lm_head one token early) over a reduced 4,096-token draft vocabulary as in the recipe:
 static and dynamic trees, batch 1 and batch 4, 20 prompts."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ SPECS = {
     "static": TreeSpec("static", default_tree(10, depth=4)),
     "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
 }
-# Draft tokens accepted over the 20 prompts, measured: static 31 (batch 1 and 4), dynamic 24 (batch 4).
+# Draft tokens accepted over the 20 prompts, measured: static 28, dynamic 22 (batch 1 and 4; 31 and 24 over 8,192 ids).
 MIN_ACCEPTED = {"static": 20, "dynamic": 15}
 
 
@@ -31,5 +31,5 @@ def case(smol_fp32, smol_tok):
 @pytest.mark.parametrize("tree", list(SPECS))
 def test_medusa_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
-    drafter = MedusaDrafter(MedusaHeads.from_target(smol_fp32, num_heads=4, vocab=recipe_vocab()))
+    drafter = MedusaDrafter(MedusaHeads.from_target(smol_fp32, num_heads=4, vocab=recipe_vocab(4096)))
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=MIN_ACCEPTED[tree])
