@@ -2,6 +2,7 @@
 
     python scripts/bench_ttt.py --threads 1                      # recipe shapes, both TTT kernels, 3 rounds
     python scripts/bench_ttt.py --profile --shapes 1024:256      # the component table of one step
+    python scripts/bench_ttt.py --profile --shapes 1024:256 eagle.draft_vocab_size=4096   # with recipe overrides
     python scripts/bench_ttt.py --variants default --shapes 1024:512 --rounds 1   # peak memory, largest batch
     python scripts/bench_ttt.py --shapes 64:16 --batch-size 2 --rounds 1        # smoke test (seconds)
 
@@ -43,6 +44,17 @@ from headway.memory import keep_freed_cpu_memory
 from headway.target import load_target
 
 VARIANTS = {"default": "sdpa", "materialised": "eager"}  # -> the drafter's headway_base_attention
+
+
+def split_shapes(words: list[str], overrides: list[str]) -> tuple[list[tuple[int, int]], list[str]]:
+    """`--shapes` words -> [(T, A)], with any `key=value` word (argparse gives `--shapes` every word after it)
+    moved to the overrides; a word that is neither raises ValueError naming it."""
+    overrides = overrides + [w for w in words if "=" in w]
+    words = [w for w in words if "=" not in w]
+    bad = [w for w in words if len(w.split(":")) != 2 or not all(x.isdigit() for x in w.split(":"))]
+    if bad or not words:
+        raise ValueError(f"--shapes wants T:A pairs of token counts such as 1024:256, got {bad or 'none'}")
+    return [tuple(int(x) for x in w.split(":")) for w in words], overrides
 
 
 def synthetic_batch(B: int, T: int, A: int, vocab: torch.Tensor, spec, hidden: int, seed: int) -> tuple[dict, TargetFeatures]:
@@ -226,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="profile one step per shape instead of timing")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides for the recipe")
     args = p.parse_args(argv)
+    try:
+        shapes, args.overrides = split_shapes(args.shapes, args.overrides)
+    except ValueError as err:
+        p.error(str(err))
 
     cfg = load_config(args.config, args.overrides)
     e, tc = cfg.eagle, cfg.train
@@ -243,12 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     step = make_step(objective, tc.lr, tc.grad_clip)
     spec = eagle_feature_spec(3, target.config.num_hidden_layers, e.feature_layers, training=True)
     B = args.batch_size or tc.batch_size
-    shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes]
     batches = {s: synthetic_batch(B, *s, vocab.token_map, spec, target.config.hidden_size, seed=i) for i, s in enumerate(shapes)}
     scale = objective.calibrate_output_scale(*batches[min(shapes)])  # as the recipe does: realistic logits
     print(
         f"EAGLE-3 on {cfg.target.name}: batch {B}, {e.unroll_steps} unrolled steps, draft vocabulary {vocab.size}, "
-        f"bf16 autocast, {torch.get_num_threads()} threads; shapes (tokens:generated) {args.shapes}; norm {scale}x"
+        f"bf16 autocast, {torch.get_num_threads()} threads; shapes (tokens:generated) {[f'{t}:{a}' for t, a in shapes]}; norm {scale}x"
     )
 
     def use(variant: str) -> None:

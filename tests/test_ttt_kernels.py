@@ -111,3 +111,22 @@ def test_eagle3_loss_and_gradients_equal_with_either_kernel(target, autocast):
     total = torch.cat([g.flatten() for g in grads])
     ref_total = torch.cat([g.flatten() for g in ref_grads])
     assert (total - ref_total).norm() / ref_total.norm() < 3e-2
+
+
+def test_bench_ttt_shapes_hand_overrides_on():
+    """argparse gives `--shapes` every word after it; recipe overrides there must reach the config, and a
+    word that is neither a T:A pair nor an override is refused by name."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_ttt.py"
+    spec = importlib.util.spec_from_file_location("bench_ttt", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    shapes, overrides = bench.split_shapes(["1024:256", "eagle.draft_vocab_size=4096", "256:170"], ["train.lr=1e-3"])
+    assert shapes == [(1024, 256), (256, 170)]
+    assert overrides == ["train.lr=1e-3", "eagle.draft_vocab_size=4096"]
+    with pytest.raises(ValueError, match="1024x256"):
+        bench.split_shapes(["1024x256"], [])
+    with pytest.raises(ValueError, match="none"):
+        bench.split_shapes(["eagle.unroll_steps=3"], [])
