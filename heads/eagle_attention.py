@@ -17,9 +17,11 @@ That is exactly what drafting from anchor t sees: the target-fed cache up to t, 
 `ttt_attention` is the kernel training runs; `ttt_attention_materialised`, the same attention in plain
 autograd ops, is its tested reference and serves eager base attention and attention dropout. On the
 SmolLM2 EAGLE-3 recipe (one CPU thread, kernel inputs of a step with 8 x 1,024 tokens) forward and
-backward over the 7 unrolled steps take 1.08 s against 1.43 s; torch's CPU flash attention with the
+backward over the 7 unrolled steps took 1.08 s against 1.43 s; torch's CPU flash attention with the
 diagonal merged through its log-sum-exp took 1.78 s (its kernel does ~40 GFLOP/s here, the bf16 matmuls
-~450), so the scores stay materialised, in the matmul dtype, and are only ever walked a few times.
+~450), so the scores stay materialised, in the matmul dtype, and are only ever walked a few times. Since
+then the softmax backward is one aten pass (kernel backward 798 -> 483 ms in a profiled 2-thread step,
+docs/results/2026-12-04-smollm2/eagle3-step/).
 """
 
 from __future__ import annotations
