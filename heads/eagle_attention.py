@@ -182,7 +182,7 @@ class _SoftmaxValues(torch.autograd.Function):
         # p * (dP - rowsum(dP * P)) in one pass, the row sum in fp32: aten's softmax backward, 3.5x faster on
         # CPU than fp32 row blocks and as exact (docs/results/2026-12-04-smollm2/eagle3-step/softmax_backward_micro.py)
         d_logits = torch._softmax_backward_data(dp, probs, -1, probs.dtype)
-        d_scores = d_logits[..., :T].mul_(ctx.scale) if not later else d_logits[..., :T] * ctx.scale
+        d_scores = d_logits[..., :T].mul_(ctx.scale)  # the block's scores were scaled in forward
         return d_scores, d_logits[..., T:].float(), None, None, d_v_block, d_v_later
 
 
