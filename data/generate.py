@@ -41,7 +41,7 @@ from typing import Protocol
 import torch
 
 from headway.features import FeatureSpec, LayerCapture, feature_key
-from headway.kv import GROUP_ROWS, SlotCache, decode_attention, decode_reads
+from headway.kv import GROUP_ROWS, SlotCache, cache_kwarg, decode_attention, decode_reads
 from headway.sampling import SamplingParams, sample_rows, warp
 
 PREFILL_PADDING = 1.25  # a prefill group's padded tokens may exceed its real tokens by this factor
@@ -180,7 +180,8 @@ class Generator:
         layers = self.capture.layers if self.capture else ()
         with LayerCapture(self.decoder, layers) as captured:
             hidden = self.decoder(
-                input_ids=ids, attention_mask=mask[:, None], position_ids=pos, cache=cache, use_cache=True
+                input_ids=ids, attention_mask=mask[:, None], position_ids=pos, use_cache=True,
+                **cache_kwarg(self.decoder, cache),
             ).last_hidden_state
         feats = {feature_key("layer", i): captured[i] for i in layers}
         if self.capture is not None and self.capture.final_normed:

@@ -46,6 +46,7 @@ from headway.features import FeatureSpec, TargetFeatures, default_feature_layers
 from headway.heads import eagle_attention
 from headway.heads.base import CONFIG_FILE, WEIGHTS_FILE, checkpoint_files, shift_left
 from headway.heads.vocab import DraftVocab
+from headway.kv import cache_kwarg
 
 FORMAT = "eagle-drafter"
 
@@ -433,8 +434,8 @@ class Eagle1Drafter(EagleDrafter):
             x,
             attention_mask=mask,
             position_ids=position_ids,
-            cache=cache,
             position_embeddings=rope,
+            **cache_kwarg(self.layers[0], cache),
             **attn_kwargs,
         )
 
@@ -558,8 +559,8 @@ class Eagle3Drafter(EagleDrafter):
             hidden_states=x,
             position_embeddings=rope,
             attention_mask=mask,
-            cache=cache,
             position_ids=position_ids,
+            **cache_kwarg(mid.self_attn, cache),
             **attn_kwargs,
         )
         hidden = features + attn  # the residual is the (fused or fed-back) feature

@@ -6,6 +6,7 @@ and the preallocated per-row window continuous batching writes into.
     select_rows(cache, keep)   # finished rows leave the batch
     cache = SlotCache(rows=64, capacity=0)   # a `Cache` whose rows grow on their own (headway.data.generate)
     with decode_attention(model): ...        # single-query forwards attend with two bmm, no SDPA kernel
+    decoder(ids, **cache_kwarg(decoder, cache))  # `cache=` or `past_key_values=`, as this transformers names it
 
 `crop` and `select_rows` use the public `Cache` API. `keep_path` has none to use: it gathers each
 layer's `keys` / `values` [B, H, S, D] directly (transformers 5.x `DynamicLayer`), so a change in
@@ -15,11 +16,25 @@ transformers' cache layout is fixed here alone. `SlotCache` is a `Cache` with it
 
 from __future__ import annotations
 
+import functools
+import inspect
 from contextlib import contextmanager
 
 import torch
 from transformers import Cache
 from transformers.cache_utils import CacheLayerMixin
+
+
+@functools.cache
+def _cache_keyword(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def cache_kwarg(module: torch.nn.Module, cache: Cache | None) -> dict:
+    """{keyword: cache} for `module`'s forward. transformers 5.x renamed `past_key_values` to `cache`
+    part way through the series (5.17 still takes `past_key_values` and swallows an unknown `cache=`
+    into **kwargs, so the forward silently runs without a cache)."""
+    return {_cache_keyword(type(module)): cache}
 
 
 def crop(cache: Cache, length: int) -> None:
@@ -74,7 +89,7 @@ class SlotCache(Cache):
 
         cache = SlotCache(rows=32, capacity=0)
         cache.plan(rows, starts, n)   # this forward: rows [R] (None: all, in order), each writes n slots from starts [R]
-        model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache)
+        model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kwarg(model.get_decoder(), cache))
         cache.select(keep)            # keep only these rows (their order becomes the new row order)
 
     Row r holds its sequence in slots 0..len_r - 1; a forward writes each row's new keys and values at

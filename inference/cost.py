@@ -16,7 +16,7 @@ from transformers import DynamicCache
 from headway.bench import timed
 from headway.inference.layout import additive_mask
 from headway.inference.trees import build_tree, expected_tau
-from headway.kv import crop
+from headway.kv import cache_kwarg, crop
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -34,7 +34,7 @@ def measure_verify_cost(
     vocab = head.weight.shape[0]
     ids = torch.randint(0, vocab, (1, context + max(sizes)), generator=g).to(device)
     cache = DynamicCache(config=model.config)
-    dec(input_ids=ids[:, :context], cache=cache, use_cache=True)
+    dec(input_ids=ids[:, :context], use_cache=True, **cache_kwarg(dec, cache))
     masks = {}
     for k in sizes:
         allowed = torch.ones(k, context + k, dtype=torch.bool, device=device)
@@ -49,7 +49,7 @@ def measure_verify_cost(
                     input_ids=ids[:, context : context + k],
                     attention_mask=masks[k],
                     position_ids=pos,
-                    cache=cache,
+                    **cache_kwarg(dec, cache),
                     use_cache=True,
                 )
                 head(out.last_hidden_state)

@@ -33,7 +33,7 @@ from headway.inference.acceptance import (
 from headway.inference.drafter import Accepted, Drafter, DraftTree
 from headway.inference.layout import TreeLayout, additive_mask
 from headway.inference.trees import TreeSpec
-from headway.kv import keep_path, select_rows
+from headway.kv import cache_kwarg, keep_path, select_rows
 from headway.sampling import SamplingParams, pick, warp
 from headway.target import stop_token_ids
 from headway.tokens import left_pad
@@ -108,7 +108,7 @@ class SpecEngine:
     def _forward(self, ids, mask, pos, cache) -> tuple[torch.Tensor, TargetFeatures]:
         with LayerCapture(self.decoder, self.fspec.layers) as layers:
             hidden = self.decoder(
-                input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True
+                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **cache_kwarg(self.decoder, cache)
             ).last_hidden_state
         return hidden, TargetFeatures(layers=layers)
 

@@ -15,7 +15,8 @@ on the device) and the optional packages (datasets, gguf, deepspeed, wandb) are 
    `--layers` of its 32 decoder layers), random bf16 weights made on the device: the verify-cost
    curve, engine steps per head type with per-phase times (random drafters accept next to nothing:
    the times are the point) and a few training steps of each head type.
-Exit status 1 when an asserted check fails.
+Exit status 1 when an asserted check fails. A part that raises is reported with its traceback and
+the later parts still run; gpu_check.json is rewritten after every part, so a timeout keeps what was measured.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import contextlib
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -290,25 +292,56 @@ def main(argv: list[str] | None = None) -> int:
 
     info["transformers"] = transformers.__version__
     print(json.dumps(info))
-    report: dict = {"info": info}
-    ok = True
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"info": info, "errors": {}}
+
+    def save() -> None:  # after every section, so a timeout or a crash still leaves what was measured
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+    def section(name: str, run) -> bool:
+        """Run one part of the check; an exception fails the check but the later parts still run."""
+        try:
+            good = run()
+        except Exception:  # noqa: BLE001 (reported with its traceback, counted as a failure)
+            report["errors"][name] = traceback.format_exc()
+            print(f"FAIL {name}:\n{report['errors'][name]}", flush=True)
+            good = False
+        save()
+        return good
 
     print("\n== 1. exactness on the device, tiny targets ==")
     tokens, n = (12, 8) if tiny else (24, 12)
-    report["greedy_fp32"] = greedy_exactness(device, torch.float32, tokens, n)
-    for k, v in report["greedy_fp32"].items():
-        good = v["identical"] == v["prompts"]
-        ok &= good
-        print(f"fp32 greedy {k:<22} identical {v['identical']}/{v['prompts']}  accepted {v['accepted']}  {'ok' if good else 'FAIL'}")
-    report["greedy_bf16"] = greedy_exactness(device, torch.bfloat16, tokens, n)
-    for k, v in report["greedy_bf16"].items():
-        print(f"bf16 greedy {k:<22} identical {v['identical']}/{v['prompts']}  (reported, not asserted)")
-    report["sampling"] = sampling_exactness(device, 6000 if tiny else 20000)
-    for k, v in report["sampling"].items():
-        control = k.startswith("negative")
-        good = (v["p"] < 0.01) if control else (v["p"] > 0.01)
-        ok &= good
-        print(f"chi-square {k:<36} p = {v['p']:.3g}  {'ok' if good else 'FAIL'}" + ("  (must reject)" if control else ""))
+
+    def greedy_fp32() -> bool:
+        report["greedy_fp32"] = greedy_exactness(device, torch.float32, tokens, n)
+        ok = True
+        for k, v in report["greedy_fp32"].items():
+            good = v["identical"] == v["prompts"]
+            ok &= good
+            print(f"fp32 greedy {k:<22} identical {v['identical']}/{v['prompts']}  accepted {v['accepted']}  {'ok' if good else 'FAIL'}")
+        return ok
+
+    def greedy_bf16() -> bool:
+        report["greedy_bf16"] = greedy_exactness(device, torch.bfloat16, tokens, n)
+        for k, v in report["greedy_bf16"].items():
+            print(f"bf16 greedy {k:<22} identical {v['identical']}/{v['prompts']}  (reported, not asserted)")
+        return True
+
+    def sampling() -> bool:
+        report["sampling"] = sampling_exactness(device, 6000 if tiny else 20000)
+        ok = True
+        for k, v in report["sampling"].items():
+            control = k.startswith("negative")
+            good = (v["p"] < 0.01) if control else (v["p"] > 0.01)
+            ok &= good
+            print(f"chi-square {k:<36} p = {v['p']:.3g}  {'ok' if good else 'FAIL'}" + ("  (must reject)" if control else ""))
+        return ok
+
+    ok = section("greedy_fp32", greedy_fp32)
+    ok &= section("greedy_bf16", greedy_bf16)
+    ok &= section("sampling", sampling)
 
     shape = TINY if tiny else LLAMA_31_8B
     print(f"\n== 2. {'tiny' if tiny else 'Llama-3.1-8B-shaped'} random target, {layers} decoder layers, bf16 ==")
@@ -316,24 +349,37 @@ def main(argv: list[str] | None = None) -> int:
     from headway.heads.vocab import DraftVocab
 
     vocab = DraftVocab(torch.arange(min(32000, shape["vocab_size"] // 2)), shape["vocab_size"])
-    curve = measure_verify_cost(target, context=64 if tiny else 512, reps=2 if tiny else 5)
-    base = curve[min(curve)]
-    report["verify_cost_s"] = curve
-    print("verify cost (k new tokens / one): " + ", ".join(f"{k}: {v / base:.2f}x" for k, v in curve.items()))
-    print(f"one-token forward: {1000 * base:.2f} ms")
-    report["engine"] = engine_phases(target, args.tokens or (8 if tiny else 64), args.prompts, vocab, curve)
-    for k, v in report["engine"].items():
-        print(f"engine {k:<22} nodes {v['nodes']:>3}  tokens/step (all rows) {v['tokens_per_step']:.2f}  ms/step {v['ms']}")
-    report["training"] = training_steps(target, vocab, 2 if tiny else 3, args.train_len or (64 if tiny else 1024), device)
-    for k, v in report["training"].items():
-        finite = all(x == x and abs(x) != float("inf") for x in v["losses"])
-        ok &= finite
-        print(f"train {k:<8} {v['s_per_step']:.3f} s/step  losses {v['losses']}  {'ok' if finite else 'FAIL (not finite)'}")
-    report["seconds"] = round(time.perf_counter() - started, 1)
+    curve: dict[int, float] = {}
+
+    def verify_cost() -> bool:
+        curve.update(measure_verify_cost(target, context=64 if tiny else 512, reps=2 if tiny else 5))
+        base = curve[min(curve)]
+        report["verify_cost_s"] = curve
+        print("verify cost (k new tokens / one): " + ", ".join(f"{k}: {v / base:.2f}x" for k, v in curve.items()))
+        print(f"one-token forward: {1000 * base:.2f} ms")
+        return True
+
+    def engine() -> bool:
+        report["engine"] = engine_phases(target, args.tokens or (8 if tiny else 64), args.prompts, vocab, curve)
+        for k, v in report["engine"].items():
+            print(f"engine {k:<22} nodes {v['nodes']:>3}  tokens/step (all rows) {v['tokens_per_step']:.2f}  ms/step {v['ms']}")
+        return True
+
+    def training() -> bool:
+        report["training"] = training_steps(target, vocab, 2 if tiny else 3, args.train_len or (64 if tiny else 1024), device)
+        ok = True
+        for k, v in report["training"].items():
+            finite = all(x == x and abs(x) != float("inf") for x in v["losses"])
+            ok &= finite
+            print(f"train {k:<8} {v['s_per_step']:.3f} s/step  losses {v['losses']}  {'ok' if finite else 'FAIL (not finite)'}")
+        return ok
+
+    ok &= section("verify_cost", verify_cost)
+    if curve:  # the engine's tree budgets come from the curve
+        ok &= section("engine", engine)
+    ok &= section("training", training)
     report["passed"] = bool(ok)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    save()
     print(f"\n{'PASSED' if ok else 'FAILED'} in {report['seconds']} s; written to {out / 'gpu_check.json'}")
     return 0 if ok else 1
 

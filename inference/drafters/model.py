@@ -23,7 +23,7 @@ from headway.inference.drafter import Accepted, DraftTree, join_observed
 from headway.inference.grow import grow_dynamic, grow_static
 from headway.inference.layout import additive_mask
 from headway.inference.trees import TreeSpec
-from headway.kv import crop, select_rows
+from headway.kv import cache_kwarg, crop, select_rows
 from headway.sampling import SamplingParams
 
 
@@ -76,7 +76,7 @@ class ModelDrafter:
     def _run(self, ids, mask, pos):
         dtype = self.kv_bias.dtype
         out = self.model(
-            input_ids=ids, attention_mask=mask.to(dtype), position_ids=pos, cache=self.cache, use_cache=True
+            input_ids=ids, attention_mask=mask.to(dtype), position_ids=pos, use_cache=True, **cache_kwarg(self.model, self.cache)
         )
         return out.logits
 
