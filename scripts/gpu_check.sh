@@ -12,15 +12,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 read -r -a PY <<< "${PYTHON:-python}"
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-if [ -n "${GPU_CHECK_FROM_CHECKOUT:-}" ] || ! "${PY[@]}" -c "import headway.inference" 2>/dev/null; then
-  # headway/ is the package root and data/ heads/ inference/ train/ its subpackages (pyproject.toml's mapping)
-  view=$(mktemp -d)
-  trap 'rm -rf "$view"' EXIT
-  mkdir "$view/headway"
-  ln -s "$PWD"/headway/* "$view/headway/"
-  for sub in data heads inference train; do ln -s "$PWD/$sub" "$view/headway/$sub"; done
-  export PYTHONPATH="$view${PYTHONPATH:+:$PYTHONPATH}"
-  export PYTHONSAFEPATH=1  # the checkout's own headway/ folder must not shadow the view
-  echo "headway from this checkout ($PWD)"
-fi
+source scripts/_checkout_view.sh
 timeout "${GPU_CHECK_TIMEOUT:-480}" "${PY[@]}" -m headway.inference.gpu_check "$@"
