@@ -51,3 +51,21 @@ def test_gpu_check_tiny_cpu_run_passes_without_optional_packages(tmp_path):
     assert report["sampling"]["negative control: residual from p"]["p"] < 0.01
     assert set(report["training"]) == {"medusa", "eagle1", "eagle3"} and report["verify_cost_s"]
     assert {k.split(" batch")[0] for k in report["engine"]} == {"medusa", "eagle1", "eagle3", "lookup", "eagle3+lookup"}
+
+
+def test_gpu_pipeline_runs_every_stage_on_cpu(tmp_path, smol_path):
+    """scripts/gpu_pipeline.sh (the quickstart's stages on a random target, run on GPU machines) on CPU:
+    every stage finishes, the Medusa run resumes from its step-2 checkpoint, the outputs stay lossless."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHON": sys.executable}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts/gpu_pipeline.sh"), str(smol_path), str(out)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    assert f"resumed from {out}/medusa/checkpoints/step-0000002 at step 2" in log
+    assert (out / "medusa" / "head_accuracy.json").is_file() and (out / "eagle3" / "head_accuracy.json").is_file()
+    report = json.loads((out / "eval" / "report.json").read_text())
+    assert {"plain", "eagle3", "lookup", "eagle3+lookup", "hf-prompt-lookup"} <= set(report["methods"])
+    assert report["per_domain"] == 1 and len(report["domains"]) == 6  # one question in each Spec-Bench domain
