@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+import transformers
 from tiny_models import tiny_llama
 
 from headway.inference.drafter import DraftTree
@@ -29,7 +30,7 @@ from headway.inference.trees import (
     load_accuracies,
     per_rank,
 )
-from headway.kv import crop
+from headway.kv import cache_kwarg, crop
 
 # ---------------------------------------------------------------- static trees
 
@@ -238,7 +239,8 @@ def test_compacted_cache_equals_plain_cache():
     valid = engine.kv_bias[:, 0, 0] == 0
     assert len({len(s) for s in seqs}) > 1, "rows should have accepted different lengths"
     for b, seq in enumerate(seqs):
-        ref = model(torch.tensor([seq]), use_cache=True).cache
+        ref = transformers.DynamicCache(config=model.config)  # filled in place: no output attribute, whose name changed in 5.x
+        model(torch.tensor([seq]), use_cache=True, **cache_kwarg(model, ref))
         for layer, ref_layer in zip(engine.cache.layers, ref.layers, strict=True):
             keys = layer.keys[b][:, valid[b]]
             assert keys.shape == ref_layer.keys[0].shape
