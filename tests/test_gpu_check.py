@@ -55,7 +55,8 @@ def test_gpu_check_tiny_cpu_run_passes_without_optional_packages(tmp_path):
 
 def test_gpu_pipeline_runs_every_stage_on_cpu(tmp_path, smol_path):
     """scripts/gpu_pipeline.sh (the quickstart's stages on a random target, run on GPU machines) on CPU:
-    every stage finishes, the Medusa run resumes from its step-2 checkpoint, the outputs stay lossless."""
+    every stage finishes, the Medusa run resumes from its step-2 checkpoint, the report covers every method.
+    (Identical outputs are not asserted: the pipeline runs in bf16; the fp32 lossless tests cover them.)"""
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHON": sys.executable}
     proc = subprocess.run(
