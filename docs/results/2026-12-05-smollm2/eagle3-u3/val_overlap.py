@@ -22,12 +22,11 @@ def windows(ids):
 seen = set()
 for row in ds["train"].select_columns(["input_ids"]):
     seen |= windows(row["input_ids"])
-cols = [c for c in ("input_ids", "loss_mask", "domain") if c in ds["validation"].column_names]
 hit, total = defaultdict(int), defaultdict(int)
-for row in ds["validation"].select_columns(cols):
-    ids, mask, dom = row["input_ids"], row.get("loss_mask"), row.get("domain", "all")
+for row in ds["validation"].select_columns(["input_ids", "loss_mask", "domain"]):  # load_distilled requires them
+    ids, mask, dom = row["input_ids"], row["loss_mask"], row["domain"]
     for i in range(N, len(ids) + 1):
-        if mask is not None and not mask[i - 1]:
+        if not mask[i - 1]:  # the window ends on a prompt token
             continue
         total[dom] += 1
         hit[dom] += hash(tuple(ids[i - N : i])) in seen
