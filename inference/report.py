@@ -191,9 +191,9 @@ def table(report: dict) -> str:
 
 def phase_table(report: dict) -> str:
     """Engine ms per verification step by phase, per engine method (overall), and drafting +
-    acceptance as a share of the verify forward."""
+    acceptance as a share of the verify forward; "" when no method recorded phase timings (llama.cpp)."""
     head = ["method", *PHASES, "step", "(draft + accept) / verify"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for method, m in report["overall"].get("methods", {}).items():
         ms = m.get("ms_per_step")
         if not ms:
@@ -202,7 +202,9 @@ def phase_table(report: dict) -> str:
         cells = [method] + [_fmt(ms.get(p), "{:.1f}") for p in PHASES]
         cells += [_fmt(sum(ms.values()), "{:.1f}"), _fmt(share, "{:.0%}")]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    if not lines:
+        return ""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines])
 
 
 def markdown(report: dict) -> str:
@@ -232,10 +234,7 @@ def markdown(report: dict) -> str:
         "",
         "tau: tokens per target forward incl. the bonus token; a_d: acceptance at draft depth d given depth d-1 accepted;"
         " speedup: tokens/s over plain tokens/s (tokens and times summed over prompts); methods ran interleaved per prompt.",
-        "",
-        "Engine time per verification step (ms):",
-        "",
-        phase_table(report),
+        *(["", "Engine time per verification step (ms):", "", phases] if (phases := phase_table(report)) else []),
     ]
     return "\n".join(out) + "\n"
 

@@ -16,6 +16,7 @@ from headway.inference.report import (
     MethodRun,
     PromptResult,
     build_report,
+    markdown,
     phase_table,
     summarize,
     table,
@@ -102,6 +103,11 @@ def test_summary_definitions(tmp_path):
     assert "| **overall** | medusa | 2 |" in md and "| **overall** | lookup | 1 | 2.00 |" in md
     assert "| qa | lookup | 1 | 2.00 |" in md and "| rag | lookup |" not in md  # rag ran no lookup
     assert "| medusa | 10.0 | 40.0 |" in phase_table(rep)
+    untimed = json.loads(json.dumps(rep))  # a llama.cpp report: no engine phases to show
+    for m in untimed["overall"]["methods"].values():
+        m.pop("ms_per_step", None)
+    assert phase_table(untimed) == "" and "Engine time" not in markdown(untimed)
+    assert "Engine time per verification step" in markdown(rep)
     out = write_report(rep, tmp_path / "r")
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.png"}
 
