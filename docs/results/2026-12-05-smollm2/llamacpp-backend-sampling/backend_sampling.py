@@ -1,12 +1,15 @@
-"""Does llama.cpp's --spec-draft-backend-sampling make the EAGLE-3 draft step cheaper? (issue 16)
+"""llama.cpp draft flags against the plain drafter (issue 16): does a flag make the EAGLE-3 draft pay more?
 
     python docs/results/2026-12-05-smollm2/llamacpp-backend-sampling/backend_sampling.py   # from the repo root
+    python docs/results/2026-12-05-smollm2/llamacpp-backend-sampling/backend_sampling.py --spec-draft-p-min 0.3
 
-plain f16, the headway drafter (q8_0, one token per step) and the same with --spec-draft-backend-sampling,
-Spec-Bench 3 per domain, 128 tokens, two threads per server, interleaved per prompt (inference/llamacpp_eval.py).
+plain f16, the headway drafter (q8_0, one token per step) and the same with the flags given (default:
+--spec-draft-backend-sampling), Spec-Bench 3 per domain, 128 tokens, two threads per server, interleaved
+per prompt (inference/llamacpp_eval.py).
 """
 
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,13 +20,14 @@ from headway.inference.questions import load_questions
 from headway.llamacpp import ensure_llamacpp
 from headway.target import load_tokenizer
 
+FLAGS = sys.argv[1:] or ["--spec-draft-backend-sampling"]
 EXPORT = Path("exports/smollm2-eagle3-llamacpp")
 manifest = read_manifest(EXPORT)
 base = {c.name: c for c in configs_for(EXPORT, "f16", (), (), None, ("f16",))}
 configs = [
     base["plain-f16"],
     base["eagle3-f16"],
-    LlamaConfig("eagle3-f16-backend-sampling", "f16", DRAFTER, (*base["eagle3-f16"].args, "--spec-draft-backend-sampling")),
+    LlamaConfig("eagle3-f16 " + " ".join(FLAGS), "f16", DRAFTER, (*base["eagle3-f16"].args, *FLAGS)),
 ]
 target_dir = Path(manifest["target_folder"])
 tok = load_tokenizer(TargetConfig(name=str(target_dir)))
@@ -46,5 +50,5 @@ for r in records:
 plain = agg["plain-f16"][0] / agg["plain-f16"][1]
 for name, (n, ms, drafted, accepted, _steps) in agg.items():
     rate = n / ms * 1000
-    print(f"{name:30s} {rate:6.1f} tokens/s  {rate / 1000 / plain:.3f}x  accepted {accepted}/{drafted}")
+    print(f"{name:45s} {rate:6.1f} tokens/s  {rate / 1000 / plain:.3f}x  accepted {accepted}/{drafted}")
 print(json.dumps({k: v for k, v in agg.items()}))
