@@ -35,9 +35,15 @@ ENGINE = "llamacpp"
 # cost about twice as much per step.
 DRAFT_OUTTYPES = ("q8_0", "f16", "bf16", "f32")
 MANIFEST = "headway_llamacpp.json"
-# Draft tokens per step: on this CPU a 2-token forward costs 1.5x a 1-token one and 4 tokens 2.6x
-# (llama-bench -p 1,2,4 -d 256), so chains beyond one token pay only with very high acceptance.
-DEFAULT_N_MAX = 1
+# Draft settings of the serve command. On this CPU a 2-token forward costs 1.16x a 1-token one and 4
+# tokens 1.63x (llama-bench -p 1,2,4 -d 256), and a draft step about 9.5 ms against a 22 ms target step,
+# so a draft token is worth verifying only when likely: the chain stops at the first token the draft
+# gives probability under DEFAULT_P_MIN (a step left without draft verifies alone), and runs up to
+# DEFAULT_N_MAX tokens while it stays confident. Spec-Bench 3 per domain, interleaved
+# (docs/results/2026-12-05-smollm2/llamacpp-draft-sweep/): 1 token, no cut 0.99x of plain; 1 / 2 / 3
+# tokens at p 0.5 1.07-1.09x / 1.08x / 1.11x; ngram-mod 1.04-1.08x.
+DEFAULT_N_MAX = 3
+DEFAULT_P_MIN = 0.5
 
 
 def target_folder(ckpt: Checkpoint, target: str | Path | None) -> Path:
@@ -113,6 +119,7 @@ def export_llamacpp(
     draft_outtype: str = DRAFT_OUTTYPES[0],
     target_ggufs: tuple[str, ...] | None = None,
     n_max: int = DEFAULT_N_MAX,
+    p_min: float = DEFAULT_P_MIN,
     target: str | Path | None = None,
     force: bool = False,
     llama=None,
@@ -130,6 +137,8 @@ def export_llamacpp(
         raise ExportError(f"--draft-outtype {draft_outtype!r}: choose one of {', '.join(DRAFT_OUTTYPES)}")
     if n_max < 1:
         raise ExportError(f"--draft-n-max must be at least 1, got {n_max}")
+    if not 0 <= p_min < 1:
+        raise ExportError(f"--draft-p-min is a probability in [0, 1), got {p_min}")
     tdir = target_folder(ckpt, target)
     kinds = target_ggufs or (("f16", SHIPPED) if builtin_of(tdir) else ("f16",))
     bad = [k for k in kinds if k not in TARGET_KINDS]
@@ -141,7 +150,7 @@ def export_llamacpp(
     sources = {k: target_gguf(tdir, k, llama, log) for k in kinds}  # cached: outside the atomic write
     serve = {
         k: llamacpp_serve_command(
-            llama.binary("llama-server"), out.resolve() / name, out.resolve() / draft, n_max
+            llama.binary("llama-server"), out.resolve() / name, out.resolve() / draft, n_max, p_min
         )
         for k, name in targets.items()
     }
@@ -163,6 +172,7 @@ def export_llamacpp(
             "draft_outtype": draft_outtype,
             "targets": targets,
             "n_max": n_max,
+            "p_min": p_min,
             "serve": serve,
             "llama_cpp": llama.version,
         }

@@ -1,7 +1,7 @@
 """How to serve an exported folder: the engine's command line.
 
     print(serve_command("eagle3", "vllm", "exports/x-eagle3-vllm", "meta-llama/Llama-3.1-8B-Instruct"))
-    print(llamacpp_serve_command("llama-server", "target-f16.gguf", "draft-f16.gguf", n_max=1))
+    print(llamacpp_serve_command("llama-server", "target-f16.gguf", "draft-f16.gguf", n_max=1, p_min=0.4))
 """
 
 from __future__ import annotations
@@ -27,11 +27,16 @@ def serve_command(method: str, engine: str, folder: str, target: str, num_heads:
     )
 
 
-def llamacpp_serve_command(server, target_gguf, draft_gguf, n_max: int, threads: int | None = None) -> str:
-    """llama-server with an EAGLE-3 draft: `n_max` draft tokens per step; threads None: llama.cpp's default
-    (every core; on a CPU other processes share, one thread is steadier: a core taken stalls the others)."""
+def llamacpp_serve_command(
+    server, target_gguf, draft_gguf, n_max: int, p_min: float = 0.0, threads: int | None = None
+) -> str:
+    """llama-server with an EAGLE-3 draft: up to `n_max` draft tokens per step, the draft cut at the first
+    token whose draft probability is under `p_min` (0: never); threads None: llama.cpp's default (every
+    core; on a CPU other processes share, one thread is steadier: a core taken stalls the others)."""
     args = [str(server), "-m", str(target_gguf), "-md", str(draft_gguf), "--spec-type", "draft-eagle3"]
     args += ["--spec-draft-n-max", str(n_max)]
+    if p_min > 0:
+        args += ["--spec-draft-p-min", f"{p_min:g}"]
     if threads is not None:
         args += ["-t", str(threads), "-tb", str(threads)]
     return " ".join(args)

@@ -65,7 +65,7 @@ def measure_verify_cost(
     return dict(sorted(curve.items()))
 
 
-def cost_at(curve: dict[int, float], k: int) -> float:
+def cost_at(curve: dict[int, float], k: float) -> float:
     """Linear interpolation (and flat extrapolation past the ends) of the measured curve."""
     xs = sorted(curve)
     if k <= xs[0]:

@@ -65,12 +65,20 @@ def expected_tau(alpha: list[float], n: int) -> float:
     return tau
 
 
-def ceiling(curve: dict[int, float], alpha: list[float], n_max: int, tau: float | None = None) -> dict:
+def ceiling(
+    curve: dict[int, float],
+    alpha: list[float],
+    n_max: int,
+    tau: float | None = None,
+    steps: tuple[int, int, int] | None = None,
+) -> dict:
     """Upper bounds on the speedup over plain decoding that the curve allows (drafting counted as free).
 
     per_chain: for each chain length n <= len(alpha), tau(n) from alpha and tau(n) * c(1) / c(n + 1);
-    best: the best of those; measured: the measured tau (when given) over the cost of n_max + 1 tokens;
-    alpha1_needed: the acceptance a one-token chain needs to pay at all (alpha_1 > c(2) / c(1) - 1).
+    best: the best of those; measured: the measured tau (when given) over the mean verify cost per step:
+    that of n_max + 1 tokens, or, given `steps` = (verification steps, steps that carried a draft, drafted
+    tokens), one token for a step without draft and 1 + the mean draft length for the others (drafts cut
+    by --spec-draft-p-min verify fewer tokens: the bound counts what was verified); alpha1_needed: the acceptance a one-token chain needs to pay at all (alpha_1 > c(2) / c(1) - 1).
     """
     rel = {k: cost_at(curve, k) / curve[min(curve)] for k in range(1, max(len(alpha), n_max) + 2)}
     per_chain = []
@@ -87,12 +95,19 @@ def ceiling(curve: dict[int, float], alpha: list[float], n_max: int, tau: float 
         "n_max": n_max,
     }
     if tau is not None:
-        out["measured"] = {
-            "tau": round(tau, 4),
-            "cost": round(rel[n_max + 1], 4),
-            "speedup": round(tau / rel[n_max + 1], 4),
-        }
+        cost = rel[n_max + 1] if steps is None else mean_verify_cost(curve, *steps)
+        out["measured"] = {"tau": round(tau, 4), "cost": round(cost, 4), "speedup": round(tau / cost, 4)}
     return out
+
+
+def mean_verify_cost(curve: dict[int, float], forwards: int, draft_steps: int, drafted: int) -> float:
+    """Mean cost of a verification step, in one-token forwards: steps without draft verify one token, the
+    others 1 + drafted / draft_steps (interpolated on the curve; exact when every draft has one length)."""
+    if not forwards or draft_steps > forwards:
+        raise ValueError(f"{draft_steps} steps with a draft out of {forwards} verification steps")
+    one = curve[min(curve)]
+    drafted_cost = cost_at(curve, 1 + drafted / draft_steps) / one if draft_steps else 1.0
+    return ((forwards - draft_steps) + draft_steps * drafted_cost) / forwards
 
 
 def reached(speedup: float | None, bound: dict | None) -> float | None:

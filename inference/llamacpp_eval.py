@@ -1,6 +1,6 @@
 """llama.cpp on Spec-Bench prompts: plain, n-gram speculation, the headway drafter, and drafter + n-gram.
 
-    configs = configs_for(export_dir, ngram=NGRAM_TYPES, combos=("ngram-simple",))
+    configs = configs_for(export_dir, ngram=NGRAM_TYPES, combos=("ngram-simple",), variants=(DraftSettings(2, 0.6),))
     with LlamaRunner(llama, export_dir, configs, tok, eos={2}, threads=1, ctx=4096) as runner:
         records = [r for i, q in enumerate(questions) for r in runner.run_question(q, i, max_new_tokens=128)]
 
@@ -47,6 +47,36 @@ class LlamaConfig:
         return ([] if self.spec_type is None else ["--spec-type", self.spec_type]) + list(self.args)
 
 
+@dataclass(frozen=True)
+class DraftSettings:
+    """How llama.cpp drafts with the EAGLE-3 GGUF: up to `n_max` tokens per step, the chain cut at the first
+    token whose draft probability is under `p_min` (0: never; a step left without draft verifies alone)."""
+
+    n_max: int = 1
+    p_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.n_max < 1 or not 0 <= self.p_min < 1:
+            raise ValueError(f"draft settings n_max={self.n_max}, p_min={self.p_min}: need n_max >= 1, 0 <= p_min < 1")
+
+    @classmethod
+    def parse(cls, text: str) -> DraftSettings:
+        """'N' or 'N:P' (draft tokens per step, minimum draft probability)."""
+        n, _, p = text.strip().partition(":")
+        try:
+            return cls(int(n), float(p) if p else 0.0)
+        except ValueError as e:
+            raise ValueError(f"draft settings {text!r}: expected N or N:P (e.g. 1:0.4), {e}") from None
+
+    @property
+    def label(self) -> str:
+        return f"n{self.n_max}" + (f"-p{self.p_min:g}" if self.p_min else "")
+
+    def args(self) -> tuple[str, ...]:
+        p_min = ("--spec-draft-p-min", f"{self.p_min:g}") if self.p_min else ()
+        return ("--spec-draft-n-max", str(self.n_max), *p_min)
+
+
 def read_manifest(folder: str | Path) -> dict:
     path = Path(folder) / MANIFEST
     if not path.is_file():
@@ -56,6 +86,16 @@ def read_manifest(folder: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
+def eos_ids(target_folder: str | Path, tok) -> set[int]:
+    """The ids generation stops at: the tokenizer's EOS and the generation config's (without loading weights)."""
+    ids = {tok.eos_token_id}
+    gen = Path(target_folder) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids |= set(eos) if isinstance(eos, list) else {eos}
+    return {i for i in ids if i is not None}
+
+
 def configs_for(
     folder: str | Path,
     primary: str = "f16",
@@ -63,9 +103,13 @@ def configs_for(
     combos: tuple[str, ...] = ("ngram-simple", "ngram-mod"),
     n_max: int | None = None,
     spec_targets: tuple[str, ...] | None = None,
+    p_min: float | None = None,
+    variants: tuple[DraftSettings, ...] = (),
 ) -> list[LlamaConfig]:
     """Plain decoding with every target GGUF of the export; the drafter with each of `spec_targets` (default:
-    every one); n-gram speculation and drafter + n-gram with the `primary` target."""
+    every one); n-gram speculation and drafter + n-gram with the `primary` target; the drafter with other
+    draft settings (`variants`, named eagle3-PRIMARY-n2-p0.6) on the primary target. The drafter's own
+    settings are the export's unless `n_max` / `p_min` are given."""
     manifest = read_manifest(folder)
     targets = list(manifest["targets"])
     if primary not in targets:
@@ -73,17 +117,24 @@ def configs_for(
     unknown = [t for t in (*ngram, *combos) if t not in NGRAM_TYPES]
     if unknown:
         raise ValueError(f"n-gram types {unknown}: llama.cpp has {', '.join(NGRAM_TYPES)}")
-    draft = (
-        "-md",
-        str(Path(folder).resolve() / manifest["draft"]),
-        "--spec-draft-n-max",
-        str(n_max or manifest["n_max"]),
-    )
+    model = ("-md", str(Path(folder).resolve() / manifest["draft"]))
+    own = draft_settings(manifest, n_max, p_min)
+    draft = (*model, *own.args())
     out = [LlamaConfig(f"plain-{t}", t) for t in targets]
     out += [LlamaConfig(f"eagle3-{t}", t, DRAFTER, draft) for t in (spec_targets or targets)]
     out += [LlamaConfig(n, primary, n) for n in ngram]
     out += [LlamaConfig(f"eagle3+{n}", primary, f"{DRAFTER},{n}", draft) for n in combos]
+    out += [
+        LlamaConfig(f"eagle3-{primary}-{v.label}", primary, DRAFTER, (*model, *v.args()))
+        for v in variants
+        if v != own
+    ]
     return out
+
+
+def draft_settings(manifest: dict, n_max: int | None = None, p_min: float | None = None) -> DraftSettings:
+    """The export's draft settings (exports before p_min was written never cut drafts), or the ones given."""
+    return DraftSettings(n_max or manifest["n_max"], manifest.get("p_min", 0.0) if p_min is None else p_min)
 
 
 @dataclass

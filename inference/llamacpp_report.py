@@ -96,6 +96,7 @@ def summarize_config(records: list[TurnRecord], reference: list[TurnRecord] | No
         "tokens_per_s": _ratio(tokens, sum(r.predicted_ms for r in records) / 1000),
         "end_to_end_tokens_per_s": _ratio(tokens, seconds),
         "tau": round(1 + acc / fwd, 4) if fwd else None,
+        "forwards": fwd,
         "drafted": sum(r.drafted for r in records),
         "accepted": acc,
         "acceptance": _ratio(acc, sum(r.drafted for r in records)),
@@ -197,7 +198,9 @@ def llamacpp_report(
         pld=best_ngram,
     )
     drafter = summaries[spec]["overall"]
-    bound = ceiling(curve, [a or 0.0 for a in drafter["alpha"]], n_max, drafter["tau"]) if curve else None
+    steps = (drafter["forwards"], drafter["draft_steps"], drafter["drafted"])
+    alpha = [a or 0.0 for a in drafter["alpha"]]
+    bound = ceiling(curve, alpha, n_max, drafter["tau"], steps) if curve and drafter["forwards"] else None
     report["llamacpp"] = {
         "configs": summaries,
         "primary_target": primary,
@@ -265,7 +268,8 @@ def llamacpp_markdown(report: dict) -> str:
         if "measured" in bound:
             m = bound["measured"]
             lines.append(
-                f"- ceiling at the measured tau {m['tau']:.2f} with {bound['n_max']} draft token(s) per step: "
+                f"- ceiling at the measured tau {m['tau']:.2f} with up to {bound['n_max']} draft token(s) per step "
+                f"(mean verify cost {m['cost']:.2f} one-token forwards over the steps as drafted): "
                 f"{m['speedup']:.2f}x; reached: {_f(ll['reached_of_ceiling'], '{:.0%}')}"
             )
     differ = [(n, d) for n, c in cfgs.items() for d in c["overall"].get("divergences", [])]

@@ -3,12 +3,14 @@
     python scripts/export.py --checkpoint runs/smollm2-135m/eagle3 --to llamacpp --out exports/smollm2-eagle3-llamacpp
     python scripts/evaluate_llamacpp.py --export exports/smollm2-eagle3-llamacpp --per-domain 10 --max-new-tokens 128
     python scripts/evaluate_llamacpp.py --export DIR --per-domain 1 --max-new-tokens 16 --out runs/eval/llamacpp-smoke
+    python scripts/evaluate_llamacpp.py --export DIR --p-min 0 --variants 1:0.4,2:0.6 --ngram ngram-mod --combo-ngram ngram-mod
 
 Configurations (inference/llamacpp_eval.py): plain decoding with every target GGUF of the export (f16:
 headway's exact greedy output; the shipped Q4_1: the fastest plain choice), the drafter with each of
 them, llama.cpp's n-gram speculation types (--ngram) and the drafter combined with n-gram types
-(--combo-ngram), all with --primary as target. Spec-Bench by default; every prompt runs through every
-configuration back to back, the order rotated per prompt; one llama-server per configuration, at
+(--combo-ngram), all with --primary as target, and the drafter with other draft settings (--variants; its
+own are the export's --draft-n-max / --draft-p-min unless --n-max / --p-min are given). Spec-Bench by
+default; every prompt runs through every configuration back to back, the order rotated per prompt; one llama-server per configuration, at
 --threads threads (one by default: on a CPU other processes share, two threads stall). Writes
 report.json / report.md / report.png in scripts/evaluate.py's format (plain = llama.cpp plain with the
 primary target, spec = the drafter, PLD = the fastest n-gram type) plus every configuration, and the
@@ -30,7 +32,15 @@ from headway.cli import run_main
 from headway.config import TargetConfig
 from headway.data.chat import first_turn_ids
 from headway.inference.llamacpp_ceiling import verify_cost
-from headway.inference.llamacpp_eval import NGRAM_TYPES, LlamaRunner, configs_for, read_manifest
+from headway.inference.llamacpp_eval import (
+    NGRAM_TYPES,
+    DraftSettings,
+    LlamaRunner,
+    configs_for,
+    draft_settings,
+    eos_ids,
+    read_manifest,
+)
 from headway.inference.llamacpp_report import llamacpp_markdown, llamacpp_report
 from headway.inference.questions import load_questions, skip_long_questions
 from headway.inference.report import markdown, table, write_report
@@ -44,16 +54,6 @@ RECORDS = "records.jsonl"
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
-
-
-def _eos(folder: Path, tok) -> set[int]:
-    """The ids generation stops at: the tokenizer's EOS and the generation config's (without loading weights)."""
-    ids = {tok.eos_token_id}
-    gen = folder / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids |= set(eos) if isinstance(eos, list) else {eos}
-    return {i for i in ids if i is not None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         "--combo-ngram", default="ngram-simple,ngram-mod", help="n-gram types to combine with the drafter"
     )
     p.add_argument("--n-max", type=int, help="draft tokens per step (default: the export's)")
+    p.add_argument(
+        "--p-min", type=float, help="cut drafts at a token under this draft probability (default: the export's)"
+    )
+    p.add_argument(
+        "--variants",
+        default="",
+        help="further drafter configurations on the primary target, N or N:P each (draft tokens, p-min), "
+        "comma-separated, e.g. 1,2:0.6",
+    )
     p.add_argument("--no-ceiling", action="store_true", help="skip llama-bench's verify-cost curve")
     p.add_argument("--out", help="output folder (default: EXPORT/eval)")
     args = p.parse_args(argv)
@@ -81,8 +90,16 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = Path(args.export)
     manifest = read_manifest(folder)
-    configs = configs_for(folder, args.primary, _names(args.ngram), _names(args.combo_ngram), args.n_max)
-    n_max = args.n_max or manifest["n_max"]
+    try:
+        variants = tuple(DraftSettings.parse(v) for v in _names(args.variants))
+        own = draft_settings(manifest, args.n_max, args.p_min)
+    except ValueError as e:
+        p.error(str(e))
+    configs = configs_for(
+        folder, args.primary, _names(args.ngram), _names(args.combo_ngram), own.n_max, p_min=own.p_min,
+        variants=variants,
+    )
+    n_max = own.n_max
     target_dir = Path(manifest["target_folder"])
     tok = load_tokenizer(
         TargetConfig(name=manifest["target"] if not target_dir.is_dir() else str(target_dir))
@@ -105,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         curve = verify_cost(llama, primary_gguf, args.threads)
     print("configurations: " + ", ".join(c.name for c in configs))
     records = []
-    with LlamaRunner(llama, folder, configs, tok, _eos(target_dir, tok), args.threads, context) as runner:
+    with LlamaRunner(llama, folder, configs, tok, eos_ids(target_dir, tok), args.threads, context) as runner:
         runner.warm_up(first_turn_ids(tok, "Say hello."))
         for i, q in enumerate(tqdm(questions, desc="evaluate", unit="question")):
             records += runner.run_question(q, i, args.max_new_tokens)
@@ -120,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "tree": {"kind": "chain", "depth": n_max},
         "budget": n_max,
         "budget_source": "--spec-draft-n-max",
+        "p_min": own.p_min,
         "acceptance": "exact",
         "lossless": True,
         "sampling": {"temperature": 0.0},

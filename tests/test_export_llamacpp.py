@@ -132,7 +132,7 @@ def test_llamacpp_runs_eagle3_drafts_only(tmp_path, target, target_dir):
 def test_llamacpp_export_checked_with_manifest_and_serve_command(tmp_path, target, target_dir):
     llama = FakeLlama()
     result = export_llamacpp(
-        _eagle3(tmp_path, target), tmp_path / "out", target=target_dir, n_max=2, llama=llama
+        _eagle3(tmp_path, target), tmp_path / "out", target=target_dir, n_max=2, p_min=0.4, llama=llama
     )
     out = (tmp_path / "out").resolve()
     assert sorted(p.name for p in out.iterdir()) == [
@@ -146,10 +146,14 @@ def test_llamacpp_export_checked_with_manifest_and_serve_command(tmp_path, targe
     cmd = result.serve["f16"]
     assert shlex.split(cmd) == [
         "/opt/llama.cpp/bin/llama-server", "-m", str(out / "target-f16.gguf"), "-md", str(out / "draft-q8_0.gguf"),
-        "--spec-type", "draft-eagle3", "--spec-draft-n-max", "2",
+        "--spec-type", "draft-eagle3", "--spec-draft-n-max", "2", "--spec-draft-p-min", "0.4",
     ]  # fmt: skip
     manifest = json.loads((out / "headway_llamacpp.json").read_text())
     assert manifest["serve"] == {"f16": cmd} and manifest["feature_layers"] == [1, 4, 6]
+    assert (manifest["n_max"], manifest["p_min"]) == (2, 0.4)
+    with pytest.raises(ExportError, match=r"--draft-p-min is a probability in \[0, 1\), got 1.5"):
+        export_llamacpp(_eagle3(tmp_path, target, name="p"), tmp_path / "o3", target=target_dir, p_min=1.5, llama=llama)
+    assert not (tmp_path / "o3").exists()
     # the converted target is cached: a second export converts only the draft
     export_llamacpp(
         _eagle3(tmp_path, target, vocab=None, name="full"), tmp_path / "o2", target=target_dir, llama=llama

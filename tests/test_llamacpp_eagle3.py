@@ -98,7 +98,10 @@ def drafter_folder(smol_fp32, short_prompts, answers, tmp_path_factory):
 def test_draft_eagle3_output_equals_plain_and_acceptance_matches_headway(
     llama, smol_fp32, short_prompts, answers, drafter_folder, tmp_path
 ):
-    result = export_llamacpp(drafter_folder, tmp_path / "gguf", target_ggufs=("f32",), n_max=K, llama=llama)
+    # p_min 0: every step carries a full chain, as headway's chain below does
+    result = export_llamacpp(
+        drafter_folder, tmp_path / "gguf", target_ggufs=("f32",), n_max=K, p_min=0.0, llama=llama
+    )
     serve = shlex.split(result.serve["f32"])
     assert serve[1:3] == ["-m", str((tmp_path / "gguf" / "target-f32.gguf").resolve())]
     with LlamaServer(llama, tmp_path / "gguf" / "target-f32.gguf", threads=1) as srv:
@@ -109,8 +112,12 @@ def test_draft_eagle3_output_equals_plain_and_acceptance_matches_headway(
             before = srv.spec_counters()
             speculative.append(srv.complete(ids, NEW, ignore_eos=False).tokens)
             counters.append(srv.spec_counters() - before)
-    for i, (a, b, ref) in enumerate(zip(plain, speculative, answers, strict=True)):
+    # drafts cut at a draft probability under 0.5 (the export's default, DEFAULT_P_MIN)
+    with LlamaServer(llama, serve[2], threads=1, extra_args=[*serve[3:], "--spec-draft-p-min", "0.5"]) as srv:
+        cut = [srv.complete(ids, NEW, ignore_eos=False).tokens for ids in short_prompts]
+    for i, (a, b, c, ref) in enumerate(zip(plain, speculative, cut, answers, strict=True)):
         assert b == a, f"prompt {i}: draft-eagle3 {b} != plain {a}"
+        assert c == a, f"prompt {i}: draft-eagle3 with p-min 0.5 {c} != plain {a}"
         assert a == ref, f"prompt {i}: llama.cpp f32 {a} != headway fp32 {ref}"
 
     engine = SpecEngine(

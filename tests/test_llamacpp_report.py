@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from headway.inference.llamacpp_ceiling import ceiling, expected_tau, parse_bench, reached
-from headway.inference.llamacpp_eval import LlamaConfig, TurnRecord
+from headway.inference.llamacpp_ceiling import ceiling, expected_tau, mean_verify_cost, parse_bench, reached
+from headway.inference.llamacpp_eval import DraftSettings, LlamaConfig, TurnRecord, configs_for
 from headway.inference.llamacpp_report import (
     accepted_per_step,
     divergences,
@@ -112,3 +112,37 @@ def test_ceiling_arithmetic():
         '[{"n_prompt": 2, "n_gen": 0, "avg_ns": 15000000}, {"n_prompt": 1, "n_gen": 0, "avg_ns": 10000000}]'
     )
     assert parse_bench(bench) == {1: 0.01, 2: 0.015}
+
+
+def test_ceiling_counts_the_steps_a_p_min_left_without_draft():
+    # 20 steps, 10 carried one draft token (1.5x), 10 verified alone (1x): 1.25 one-token forwards per step
+    assert mean_verify_cost(CURVE, 20, 10, 10) == pytest.approx(1.25)
+    assert mean_verify_cost(CURVE, 20, 10, 20) == pytest.approx((10 + 10 * 2.05) / 20)  # 2-token drafts
+    assert mean_verify_cost(CURVE, 20, 0, 0) == 1.0
+    c = ceiling(CURVE, [0.7], n_max=1, tau=1.35, steps=(20, 10, 10))
+    assert c["measured"] == {"tau": 1.35, "cost": 1.25, "speedup": round(1.35 / 1.25, 4)}
+    assert ceiling(CURVE, [0.7], n_max=1, tau=1.35)["measured"]["cost"] == 1.5  # as if every step drafted
+    with pytest.raises(ValueError, match="11 steps with a draft out of 10"):
+        mean_verify_cost(CURVE, 10, 11, 11)
+
+
+def test_draft_settings_and_variant_configurations(tmp_path):
+    assert DraftSettings.parse("2:0.6") == DraftSettings(2, 0.6) and DraftSettings.parse(" 1 ") == DraftSettings(1)
+    assert DraftSettings(2, 0.6).label == "n2-p0.6" and DraftSettings(1).label == "n1"
+    assert DraftSettings(1, 0.4).args() == ("--spec-draft-n-max", "1", "--spec-draft-p-min", "0.4")
+    assert DraftSettings(3).args() == ("--spec-draft-n-max", "3")
+    for bad in ("two", "1:x", "0", "1:1.0", "1:-0.1"):
+        with pytest.raises(ValueError, match="draft settings"):
+            DraftSettings.parse(bad)
+    manifest = {"draft": "draft-q8_0.gguf", "targets": {"f16": "t.gguf", "q4_1": "q.gguf"}, "n_max": 1}
+    (tmp_path / "headway_llamacpp.json").write_text(json.dumps(manifest))  # written before p_min existed
+    variants = (DraftSettings(1), DraftSettings(2, 0.6))  # n1 is the drafter's own: not run twice
+    configs = {c.name: c for c in configs_for(tmp_path, ngram=(), combos=(), variants=variants)}
+    assert list(configs) == ["plain-f16", "plain-q4_1", "eagle3-f16", "eagle3-q4_1", "eagle3-f16-n2-p0.6"]
+    assert configs["eagle3-f16"].args[2:] == ("--spec-draft-n-max", "1")
+    assert configs["eagle3-f16-n2-p0.6"].kind == "drafter" and configs["eagle3-f16-n2-p0.6"].target == "f16"
+    assert configs["eagle3-f16-n2-p0.6"].args[2:] == ("--spec-draft-n-max", "2", "--spec-draft-p-min", "0.6")
+    (tmp_path / "headway_llamacpp.json").write_text(json.dumps({**manifest, "p_min": 0.4}))
+    own = configs_for(tmp_path, ngram=(), combos=("ngram-mod",))
+    assert all(c.args[2:] == ("--spec-draft-n-max", "1", "--spec-draft-p-min", "0.4") for c in own if c.args)
+    assert configs_for(tmp_path, ngram=(), combos=(), p_min=0.0)[2].args[2:] == ("--spec-draft-n-max", "1")
