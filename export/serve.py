@@ -28,12 +28,20 @@ def serve_command(method: str, engine: str, folder: str, target: str, num_heads:
 
 
 def llamacpp_serve_command(
-    server, target_gguf, draft_gguf, n_max: int, p_min: float = 0.0, threads: int | None = None
+    server,
+    target_gguf,
+    draft_gguf,
+    n_max: int,
+    p_min: float = 0.0,
+    threads: int | None = None,
+    ngram: str | None = None,
 ) -> str:
     """llama-server with an EAGLE-3 draft: up to `n_max` draft tokens per step, the draft cut at the first
-    token whose draft probability is under `p_min` (0: never); threads None: llama.cpp's default (every
-    core; on a CPU other processes share, one thread is steadier: a core taken stalls the others)."""
-    args = [str(server), "-m", str(target_gguf), "-md", str(draft_gguf), "--spec-type", "draft-eagle3"]
+    token whose draft probability is under `p_min` (0: never); `ngram` adds one of llama.cpp's n-gram
+    speculation types beside it; threads None: llama.cpp's default (every core; on a CPU other processes
+    share, one thread is steadier: a core taken stalls the others)."""
+    spec = "draft-eagle3" + (f",{ngram}" if ngram else "")
+    args = [str(server), "-m", str(target_gguf), "-md", str(draft_gguf), "--spec-type", spec]
     args += ["--spec-draft-n-max", str(n_max)]
     if p_min > 0:
         args += ["--spec-draft-p-min", f"{p_min:g}"]

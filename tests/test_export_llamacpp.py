@@ -151,6 +151,8 @@ def test_llamacpp_export_checked_with_manifest_and_serve_command(tmp_path, targe
     manifest = json.loads((out / "headway_llamacpp.json").read_text())
     assert manifest["serve"] == {"f16": cmd} and manifest["feature_layers"] == [1, 4, 6]
     assert (manifest["n_max"], manifest["p_min"]) == (2, 0.4)
+    combined = shlex.split(manifest["serve_with_ngram-mod"]["f16"])
+    assert combined == [*shlex.split(cmd)[:6], "draft-eagle3,ngram-mod", *shlex.split(cmd)[7:]]
     with pytest.raises(ExportError, match=r"--draft-p-min is a probability in \[0, 1\), got 1.5"):
         export_llamacpp(_eagle3(tmp_path, target, name="p"), tmp_path / "o3", target=target_dir, p_min=1.5, llama=llama)
     assert not (tmp_path / "o3").exists()
