@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from headway.target import servable_target
 
@@ -27,6 +28,36 @@ def serve_command(method: str, engine: str, folder: str, target: str, num_heads:
     )
 
 
+@dataclass(frozen=True)
+class DraftSettings:
+    """How llama.cpp drafts with the EAGLE-3 GGUF: up to `n_max` tokens per step, the chain cut at the first
+    token whose draft probability is under `p_min` (0: never; a step left without draft verifies alone)."""
+
+    n_max: int = 1
+    p_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.n_max < 1 or not 0 <= self.p_min < 1:
+            raise ValueError(f"draft settings n_max={self.n_max}, p_min={self.p_min}: need n_max >= 1, 0 <= p_min < 1")
+
+    @classmethod
+    def parse(cls, text: str) -> DraftSettings:
+        """'N' or 'N:P' (draft tokens per step, minimum draft probability)."""
+        n, _, p = text.strip().partition(":")
+        try:
+            return cls(int(n), float(p) if p else 0.0)
+        except ValueError as e:
+            raise ValueError(f"draft settings {text!r}: expected N or N:P (e.g. 1:0.4), {e}") from None
+
+    @property
+    def label(self) -> str:
+        return f"n{self.n_max}" + (f"-p{self.p_min:g}" if self.p_min else "")
+
+    def args(self) -> tuple[str, ...]:
+        p_min = ("--spec-draft-p-min", f"{self.p_min:g}") if self.p_min else ()
+        return ("--spec-draft-n-max", str(self.n_max), *p_min)
+
+
 def llamacpp_serve_command(
     server,
     target_gguf,
@@ -42,9 +73,7 @@ def llamacpp_serve_command(
     share, one thread is steadier: a core taken stalls the others)."""
     spec = "draft-eagle3" + (f",{ngram}" if ngram else "")
     args = [str(server), "-m", str(target_gguf), "-md", str(draft_gguf), "--spec-type", spec]
-    args += ["--spec-draft-n-max", str(n_max)]
-    if p_min > 0:
-        args += ["--spec-draft-p-min", f"{p_min:g}"]
+    args += DraftSettings(n_max, p_min).args()
     if threads is not None:
         args += ["-t", str(threads), "-tb", str(threads)]
     return " ".join(args)

@@ -78,7 +78,8 @@ def ceiling(
     best: the best of those; measured: the measured tau (when given) over the mean verify cost per step:
     that of n_max + 1 tokens, or, given `steps` = (verification steps, steps that carried a draft, drafted
     tokens), one token for a step without draft and 1 + the mean draft length for the others (drafts cut
-    by --spec-draft-p-min verify fewer tokens: the bound counts what was verified); alpha1_needed: the acceptance a one-token chain needs to pay at all (alpha_1 > c(2) / c(1) - 1).
+    by --spec-draft-p-min verify fewer tokens: the bound counts what was verified);
+    alpha1_needed: the acceptance a one-token chain needs to pay at all (alpha_1 > c(2) / c(1) - 1).
     """
     rel = {k: cost_at(curve, k) / curve[min(curve)] for k in range(1, max(len(alpha), n_max) + 2)}
     per_chain = []

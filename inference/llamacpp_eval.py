@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headway.export.llamacpp import MANIFEST
+from headway.export.serve import DraftSettings
 from headway.llamacpp import LlamaCpp
 from headway.llamacpp_server import LlamaServer
 
@@ -45,36 +46,6 @@ class LlamaConfig:
 
     def server_args(self) -> list[str]:
         return ([] if self.spec_type is None else ["--spec-type", self.spec_type]) + list(self.args)
-
-
-@dataclass(frozen=True)
-class DraftSettings:
-    """How llama.cpp drafts with the EAGLE-3 GGUF: up to `n_max` tokens per step, the chain cut at the first
-    token whose draft probability is under `p_min` (0: never; a step left without draft verifies alone)."""
-
-    n_max: int = 1
-    p_min: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.n_max < 1 or not 0 <= self.p_min < 1:
-            raise ValueError(f"draft settings n_max={self.n_max}, p_min={self.p_min}: need n_max >= 1, 0 <= p_min < 1")
-
-    @classmethod
-    def parse(cls, text: str) -> DraftSettings:
-        """'N' or 'N:P' (draft tokens per step, minimum draft probability)."""
-        n, _, p = text.strip().partition(":")
-        try:
-            return cls(int(n), float(p) if p else 0.0)
-        except ValueError as e:
-            raise ValueError(f"draft settings {text!r}: expected N or N:P (e.g. 1:0.4), {e}") from None
-
-    @property
-    def label(self) -> str:
-        return f"n{self.n_max}" + (f"-p{self.p_min:g}" if self.p_min else "")
-
-    def args(self) -> tuple[str, ...]:
-        p_min = ("--spec-draft-p-min", f"{self.p_min:g}") if self.p_min else ()
-        return ("--spec-draft-n-max", str(self.n_max), *p_min)
 
 
 def read_manifest(folder: str | Path) -> dict:
