@@ -24,7 +24,7 @@ from headway.export.checkpoint import Checkpoint, read_checkpoint
 from headway.export.engine_keys import ExportError
 from headway.export.folders import ExportResult, check_out, export, write_atomically
 from headway.export.rules import check_feature_layers, reduced_vocab
-from headway.export.serve import llamacpp_serve_command
+from headway.export.serve import FLASH_ATTN, llamacpp_serve_command
 from headway.llamacpp_gguf import read_gguf
 from headway.llamacpp_models import SHIPPED, TARGET_KINDS, builtin_of, place, target_gguf
 
@@ -45,6 +45,13 @@ MANIFEST = "headway_llamacpp.json"
 DEFAULT_N_MAX = 3
 DEFAULT_P_MIN = 0.5
 NGRAM = "ngram-mod"  # the n-gram type of the second serve command
+# Flash attention off in the serve commands: llama.cpp's default (auto) turns it on for the CPU backend,
+# and on this CPU it slows decoding as the context grows (llama-bench f16, 2 threads: tg128 47.0 tokens/s
+# at depth 0, 35.1 at depth 256 with it; 44.5 / 42.4 without) and makes a 2-token verify forward cost 1.32x
+# a 1-token one instead of 1.10x. Spec-Bench 3 per domain, interleaved
+# (docs/results/2026-12-05-smollm2/llamacpp-flash-attn/): plain f16 +11%, plain Q4_1 +17%, and the drafter
+# 1.12x of plain f16 with both off against 1.07x with both on. On a GPU build pass --flash-attn auto.
+DEFAULT_FLASH_ATTN = "off"
 
 
 def target_folder(ckpt: Checkpoint, target: str | Path | None) -> Path:
@@ -121,6 +128,7 @@ def export_llamacpp(
     target_ggufs: tuple[str, ...] | None = None,
     n_max: int = DEFAULT_N_MAX,
     p_min: float = DEFAULT_P_MIN,
+    flash_attn: str | None = DEFAULT_FLASH_ATTN,
     target: str | Path | None = None,
     force: bool = False,
     llama=None,
@@ -140,6 +148,8 @@ def export_llamacpp(
         raise ExportError(f"--draft-n-max must be at least 1, got {n_max}")
     if not 0 <= p_min < 1:
         raise ExportError(f"--draft-p-min is a probability in [0, 1), got {p_min}")
+    if flash_attn is not None and flash_attn not in FLASH_ATTN:
+        raise ExportError(f"--flash-attn {flash_attn!r}: llama.cpp takes one of {', '.join(FLASH_ATTN)}")
     tdir = target_folder(ckpt, target)
     kinds = target_ggufs or (("f16", SHIPPED) if builtin_of(tdir) else ("f16",))
     bad = [k for k in kinds if k not in TARGET_KINDS]
@@ -151,13 +161,17 @@ def export_llamacpp(
     sources = {k: target_gguf(tdir, k, llama, log) for k in kinds}  # cached: outside the atomic write
     server = llama.binary("llama-server")
     serve = {
-        k: llamacpp_serve_command(server, out.resolve() / name, out.resolve() / draft, n_max, p_min)
+        k: llamacpp_serve_command(
+            server, out.resolve() / name, out.resolve() / draft, n_max, p_min, flash_attn=flash_attn
+        )
         for k, name in targets.items()
     }
     # The drafter beside llama.cpp's ngram-mod: the fastest lossless configuration measured here (1.12x of
     # plain f16 against 1.07x for either alone, docs/results/2026-12-05-smollm2/llamacpp-eagle3-p05/)
     serve_ngram = {
-        k: llamacpp_serve_command(server, out.resolve() / name, out.resolve() / draft, n_max, p_min, ngram=NGRAM)
+        k: llamacpp_serve_command(
+            server, out.resolve() / name, out.resolve() / draft, n_max, p_min, ngram=NGRAM, flash_attn=flash_attn
+        )
         for k, name in targets.items()
     }
 
@@ -179,6 +193,7 @@ def export_llamacpp(
             "targets": targets,
             "n_max": n_max,
             "p_min": p_min,
+            "flash_attn": flash_attn,
             "serve": serve,
             f"serve_with_{NGRAM}": serve_ngram,
             "llama_cpp": llama.version,

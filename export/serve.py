@@ -66,14 +66,29 @@ def llamacpp_serve_command(
     p_min: float = 0.0,
     threads: int | None = None,
     ngram: str | None = None,
+    flash_attn: str | None = None,
 ) -> str:
     """llama-server with an EAGLE-3 draft: up to `n_max` draft tokens per step, the draft cut at the first
     token whose draft probability is under `p_min` (0: never); `ngram` adds one of llama.cpp's n-gram
-    speculation types beside it; threads None: llama.cpp's default (every core; on a CPU other processes
-    share, one thread is steadier: a core taken stalls the others)."""
+    speculation types beside it; `flash_attn` on/off/auto is passed as -fa (None: llama.cpp's default,
+    auto); threads None: llama.cpp's default (every core; on a CPU other processes share, one thread is
+    steadier: a core taken stalls the others)."""
     spec = "draft-eagle3" + (f",{ngram}" if ngram else "")
     args = [str(server), "-m", str(target_gguf), "-md", str(draft_gguf), "--spec-type", spec]
     args += DraftSettings(n_max, p_min).args()
+    args += flash_attn_args(flash_attn)
     if threads is not None:
         args += ["-t", str(threads), "-tb", str(threads)]
     return " ".join(args)
+
+
+FLASH_ATTN = ("on", "off", "auto")  # llama.cpp's -fa values
+
+
+def flash_attn_args(flash_attn: str | None) -> tuple[str, ...]:
+    """llama.cpp's `-fa X` (llama-server and llama-bench alike), or nothing for its default (auto)."""
+    if flash_attn is None:
+        return ()
+    if flash_attn not in FLASH_ATTN:
+        raise ValueError(f"flash attention {flash_attn!r}: llama.cpp takes one of {', '.join(FLASH_ATTN)}")
+    return ("-fa", flash_attn)

@@ -19,6 +19,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from headway.export.serve import flash_attn_args
 from headway.inference.cost import cost_at
 from headway.llamacpp import LlamaCpp, LlamaCppError
 
@@ -27,11 +28,18 @@ DEPTH = 256
 
 
 def verify_cost(
-    llama: LlamaCpp, gguf: str | Path, threads: int = 1, sizes=SIZES, depth: int = DEPTH, reps: int = 5
+    llama: LlamaCpp,
+    gguf: str | Path,
+    threads: int = 1,
+    sizes=SIZES,
+    depth: int = DEPTH,
+    reps: int = 5,
+    flash_attn: str | None = None,
 ) -> dict[int, float]:
-    """Mean seconds of a forward over k new tokens after `depth` tokens of context, per k in `sizes`."""
+    """Mean seconds of a forward over k new tokens after `depth` tokens of context, per k in `sizes`, with
+    flash attention as the servers run it (-fa; None: llama.cpp's default)."""
     cmd = [str(llama.binary("llama-bench")), "-m", str(gguf), "-p", ",".join(map(str, sizes)), "-n", "0"]
-    cmd += ["-d", str(depth), "-t", str(threads), "-r", str(reps), "-o", "json"]
+    cmd += ["-d", str(depth), "-t", str(threads), "-r", str(reps), "-o", "json", *flash_attn_args(flash_attn)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise LlamaCppError(

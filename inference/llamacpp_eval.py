@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headway.export.llamacpp import MANIFEST
-from headway.export.serve import DraftSettings
+from headway.export.serve import DraftSettings, flash_attn_args
 from headway.llamacpp import LlamaCpp
 from headway.llamacpp_server import LlamaServer
 
@@ -76,11 +76,13 @@ def configs_for(
     spec_targets: tuple[str, ...] | None = None,
     p_min: float | None = None,
     variants: tuple[DraftSettings, ...] = (),
+    flash_attn: str | None = None,
 ) -> list[LlamaConfig]:
     """Plain decoding with every target GGUF of the export; the drafter with each of `spec_targets` (default:
     every one); n-gram speculation and drafter + n-gram with the `primary` target; the drafter with other
     draft settings (`variants`, named eagle3-PRIMARY-n2-p0.6) on the primary target. The drafter's own
-    settings are the export's unless `n_max` / `p_min` are given."""
+    settings are the export's unless `n_max` / `p_min` are given. Every server, plain ones included, runs
+    with the export's flash attention setting (its serve command's -fa) unless `flash_attn` is given."""
     manifest = read_manifest(folder)
     targets = list(manifest["targets"])
     if primary not in targets:
@@ -90,13 +92,14 @@ def configs_for(
         raise ValueError(f"n-gram types {unknown}: llama.cpp has {', '.join(NGRAM_TYPES)}")
     model = ("-md", str(Path(folder).resolve() / manifest["draft"]))
     own = draft_settings(manifest, n_max, p_min)
-    draft = (*model, *own.args())
-    out = [LlamaConfig(f"plain-{t}", t) for t in targets]
+    fa = flash_attn_args(flash_attn or manifest.get("flash_attn"))  # exports before it was written: default
+    draft = (*model, *own.args(), *fa)
+    out = [LlamaConfig(f"plain-{t}", t, None, fa) for t in targets]
     out += [LlamaConfig(f"eagle3-{t}", t, DRAFTER, draft) for t in (spec_targets or targets)]
-    out += [LlamaConfig(n, primary, n) for n in ngram]
+    out += [LlamaConfig(n, primary, n, fa) for n in ngram]
     out += [LlamaConfig(f"eagle3+{n}", primary, f"{DRAFTER},{n}", draft) for n in combos]
     out += [
-        LlamaConfig(f"eagle3-{primary}-{v.label}", primary, DRAFTER, (*model, *v.args()))
+        LlamaConfig(f"eagle3-{primary}-{v.label}", primary, DRAFTER, (*model, *v.args(), *fa))
         for v in variants
         if v != own
     ]

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from headway.cli import run_main
 from headway.config import TargetConfig
 from headway.data.chat import first_turn_ids
+from headway.export.serve import FLASH_ATTN
 from headway.inference.llamacpp_ceiling import verify_cost
 from headway.inference.llamacpp_eval import (
     NGRAM_TYPES,
@@ -82,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         help="further drafter configurations on the primary target, N or N:P each (draft tokens, p-min), "
         "comma-separated, e.g. 1,2:0.6",
     )
+    p.add_argument(
+        "--flash-attn",
+        choices=FLASH_ATTN,
+        help="every server's and llama-bench's -fa (default: the export's serve command's; older exports: auto)",
+    )
     p.add_argument("--no-ceiling", action="store_true", help="skip llama-bench's verify-cost curve")
     p.add_argument("--out", help="output folder (default: EXPORT/eval)")
     args = p.parse_args(argv)
@@ -97,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     configs = configs_for(
         folder, args.primary, _names(args.ngram), _names(args.combo_ngram), own.n_max, p_min=own.p_min,
-        variants=variants,
+        variants=variants, flash_attn=args.flash_attn,
     )
+    flash_attn = args.flash_attn or manifest.get("flash_attn")
     n_max = own.n_max
     target_dir = Path(manifest["target_folder"])
     tok = load_tokenizer(
@@ -119,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"measuring llama.cpp's verify cost on {primary_gguf.name} (llama-bench, {args.threads} thread(s))"
         )
-        curve = verify_cost(llama, primary_gguf, args.threads)
+        curve = verify_cost(llama, primary_gguf, args.threads, flash_attn=flash_attn)
     print("configurations: " + ", ".join(c.name for c in configs))
     records = []
     with LlamaRunner(llama, folder, configs, tok, eos_ids(target_dir, tok), args.threads, context) as runner:
@@ -138,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "budget": n_max,
         "budget_source": "--spec-draft-n-max",
         "p_min": own.p_min,
+        "flash_attn": flash_attn or "auto (llama.cpp's default)",
         "acceptance": "exact",
         "lossless": True,
         "sampling": {"temperature": 0.0},

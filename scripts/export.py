@@ -5,7 +5,7 @@
     python scripts/export.py --checkpoint runs/llama-3.1-8b-instruct/medusa --to vllm --engine-version 0.32 --out exports/llama-3.1-8b-instruct/medusa-vllm
     python scripts/export.py --checkpoint runs/smollm2-135m/medusa --to hf --out exports/smollm2-medusa [--report FILE]
     python scripts/export.py --checkpoint runs/smollm2-135m/eagle3 --to llamacpp --out exports/smollm2-eagle3-llamacpp \
-        [--draft-outtype q8_0] [--target-gguf f16,q4_1] [--draft-n-max 1] [--draft-p-min P]
+        [--draft-outtype q8_0] [--target-gguf f16,q4_1] [--draft-n-max 1] [--draft-p-min P] [--flash-attn off]
     python scripts/export.py --from vllm --checkpoint exports/x-eagle3-vllm                 # check it against the table
     python scripts/export.py --from vllm --checkpoint exports/x-eagle3-vllm --to hf --out runs/x-back [--target NAME]
 
@@ -36,10 +36,17 @@ from headway.export.check import check_folder, read_config
 from headway.export.checkpoint import read_checkpoint
 from headway.export.engine_keys import ExportError, method_of_config, table_for
 from headway.export.folders import TARGET_DTYPE, TARGETS, export
-from headway.export.llamacpp import DEFAULT_N_MAX, DEFAULT_P_MIN, DRAFT_OUTTYPES, ENGINE, export_llamacpp
+from headway.export.llamacpp import (
+    DEFAULT_FLASH_ATTN,
+    DEFAULT_N_MAX,
+    DEFAULT_P_MIN,
+    DRAFT_OUTTYPES,
+    ENGINE,
+    export_llamacpp,
+)
 from headway.export.releases import release_of_folder
 from headway.export.rules import to_headway
-from headway.export.serve import serve_command
+from headway.export.serve import FLASH_ATTN, serve_command
 
 DTYPES = {
     TARGET_DTYPE: TARGET_DTYPE,
@@ -87,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=DEFAULT_P_MIN,
         help="llamacpp: drop draft tokens under this draft probability (the serve command's --spec-draft-p-min)",
+    )
+    p.add_argument(
+        "--flash-attn",
+        choices=FLASH_ATTN,
+        default=DEFAULT_FLASH_ATTN,
+        help="llamacpp: the serve commands' -fa (default off: faster on the CPU here; auto for a GPU build)",
     )
     p.add_argument("--report", help="hf: the report.json to put in the model card (default: found beside)")
     p.add_argument(
@@ -138,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 target_ggufs=kinds,
                 n_max=args.draft_n_max,
                 p_min=args.draft_p_min,
+                flash_attn=args.flash_attn,
                 target=args.target,
                 force=args.force,
                 log=lambda m: print(m, file=sys.stderr),

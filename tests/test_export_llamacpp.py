@@ -146,16 +146,21 @@ def test_llamacpp_export_checked_with_manifest_and_serve_command(tmp_path, targe
     cmd = result.serve["f16"]
     assert shlex.split(cmd) == [
         "/opt/llama.cpp/bin/llama-server", "-m", str(out / "target-f16.gguf"), "-md", str(out / "draft-q8_0.gguf"),
-        "--spec-type", "draft-eagle3", "--spec-draft-n-max", "2", "--spec-draft-p-min", "0.4",
+        "--spec-type", "draft-eagle3", "--spec-draft-n-max", "2", "--spec-draft-p-min", "0.4", "-fa", "off",
     ]  # fmt: skip
     manifest = json.loads((out / "headway_llamacpp.json").read_text())
     assert manifest["serve"] == {"f16": cmd} and manifest["feature_layers"] == [1, 4, 6]
-    assert (manifest["n_max"], manifest["p_min"]) == (2, 0.4)
+    assert (manifest["n_max"], manifest["p_min"], manifest["flash_attn"]) == (2, 0.4, "off")
     combined = shlex.split(manifest["serve_with_ngram-mod"]["f16"])
     assert combined == [*shlex.split(cmd)[:6], "draft-eagle3,ngram-mod", *shlex.split(cmd)[7:]]
     with pytest.raises(ExportError, match=r"--draft-p-min is a probability in \[0, 1\), got 1.5"):
         export_llamacpp(_eagle3(tmp_path, target, name="p"), tmp_path / "o3", target=target_dir, p_min=1.5, llama=llama)
     assert not (tmp_path / "o3").exists()
+    with pytest.raises(ExportError, match=r"--flash-attn 'fast': llama.cpp takes one of on, off, auto"):
+        export_llamacpp(
+            _eagle3(tmp_path, target, name="f"), tmp_path / "o4", target=target_dir, flash_attn="fast", llama=llama
+        )
+    assert not (tmp_path / "o4").exists()
     # the converted target is cached: a second export converts only the draft
     export_llamacpp(
         _eagle3(tmp_path, target, vocab=None, name="full"), tmp_path / "o2", target=target_dir, llama=llama

@@ -104,7 +104,9 @@ def test_draft_eagle3_output_equals_plain_and_acceptance_matches_headway(
     )
     serve = shlex.split(result.serve["f32"])
     assert serve[1:3] == ["-m", str((tmp_path / "gguf" / "target-f32.gguf").resolve())]
-    with LlamaServer(llama, tmp_path / "gguf" / "target-f32.gguf", threads=1) as srv:
+    fa = serve[serve.index("-fa") :][:2]
+    assert fa == ["-fa", "off"]  # the export's default: plain runs with the same attention kernels
+    with LlamaServer(llama, tmp_path / "gguf" / "target-f32.gguf", threads=1, extra_args=fa) as srv:
         plain = [srv.complete(ids, NEW, ignore_eos=False).tokens for ids in short_prompts]
     speculative, counters = [], []
     with LlamaServer(llama, serve[2], threads=1, extra_args=[*serve[3:], "--metrics"]) as srv:

@@ -146,3 +146,11 @@ def test_draft_settings_and_variant_configurations(tmp_path):
     own = configs_for(tmp_path, ngram=(), combos=("ngram-mod",))
     assert all(c.args[2:] == ("--spec-draft-n-max", "1", "--spec-draft-p-min", "0.4") for c in own if c.args)
     assert configs_for(tmp_path, ngram=(), combos=(), p_min=0.0)[2].args[2:] == ("--spec-draft-n-max", "1")
+    # the export's flash attention setting reaches every server, plain ones included; one given overrides it
+    (tmp_path / "headway_llamacpp.json").write_text(json.dumps({**manifest, "flash_attn": "off"}))
+    configs = configs_for(tmp_path, ngram=("ngram-mod",), combos=("ngram-mod",), variants=(DraftSettings(2),))
+    assert len(configs) == 7 and all(c.args[-2:] == ("-fa", "off") for c in configs)
+    assert configs[0].server_args() == ["-fa", "off"] and configs[2].args[2:] == ("--spec-draft-n-max", "1", "-fa", "off")
+    assert all(c.args[-2:] == ("-fa", "on") for c in configs_for(tmp_path, ngram=(), combos=(), flash_attn="on"))
+    with pytest.raises(ValueError, match="flash attention 'yes'"):
+        configs_for(tmp_path, flash_attn="yes")
