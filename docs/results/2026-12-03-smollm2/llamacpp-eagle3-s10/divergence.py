@@ -26,6 +26,7 @@ import torch
 
 from headway.config import TargetConfig
 from headway.data.chat import first_turn_ids
+from headway.export.serve import flash_attn_args
 from headway.inference.llamacpp_eval import read_manifest
 from headway.inference.questions import load_questions
 from headway.llamacpp import ensure_llamacpp
@@ -60,6 +61,7 @@ def main() -> int:
     ap.add_argument("--records", required=True)
     ap.add_argument("--questions", default="data/prompts/spec_bench/question.jsonl")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--flash-attn", help="llama.cpp -fa for the scoring server (default: the export's, as evaluated)")
     args = ap.parse_args()
 
     manifest = read_manifest(args.export)
@@ -74,7 +76,8 @@ def main() -> int:
     print(f"{len(cases)} first-turn divergences from plain-f16 (d: first differing answer token)")
     print("config | question | d | plain tok p / spec tok s | llama.cpp one-token  lp(p) lp(s) gap |"
           " llama.cpp batched  lp(p) lp(s) gap | fp32 transformers  lp(p) lp(s) gap")  # fmt: skip
-    with LlamaServer(llama, gguf, args.threads, 4096) as srv:
+    fa = flash_attn_args(args.flash_attn or manifest.get("flash_attn"))
+    with LlamaServer(llama, gguf, args.threads, 4096, extra_args=fa) as srv:
         for config, r, d in sorted(cases, key=lambda c: (c[1]["question_id"], c[0])):
             q = questions[r["question_id"]]
             prompt = first_turn_ids(tok, q.turns[0])
