@@ -8,7 +8,11 @@ Plain f16 and ngram-mod, then by default (sweep1.txt) the drafter as exported (o
 settings given (N:P: --spec-draft-n-max N --spec-draft-p-min P; +N:P the same combined with ngram-mod).
 Spec-Bench 3 per domain by default,
 128 tokens, two threads per server, interleaved per prompt (inference/llamacpp_eval.py), summed with the
-report's own summarize_config (identical answers counted against plain f16).
+report's own summarize_config (identical answers counted against plain f16). Every server runs with the
+export's flash attention setting (`flash_attn` in headway_llamacpp.json): sweeps 1-4 ran before exports
+wrote it (llama.cpp's default, on); sweep5-fa-off.txt ran with `-fa off`:
+
+    python docs/results/2026-12-05-smollm2/llamacpp-draft-sweep/sweep.py 3 3:0.5 3:0.4 3:0.3 2:0.4 4:0.5 +3:0.4
 """
 
 import json
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from headway.config import TargetConfig
 from headway.data.chat import first_turn_ids
+from headway.export.serve import flash_attn_args
 from headway.inference.llamacpp_eval import DRAFTER, LlamaConfig, LlamaRunner, eos_ids, read_manifest
 from headway.inference.llamacpp_report import summarize_config
 from headway.inference.questions import load_questions
@@ -28,10 +33,11 @@ PER_DOMAIN = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 EXPORT = Path("exports/smollm2-eagle3-llamacpp")
 manifest = read_manifest(EXPORT)
 md = ("-md", str(EXPORT.resolve() / manifest["draft"]))
+fa = flash_attn_args(manifest.get("flash_attn"))  # every server as the export serves (sweeps 1-4: default, on)
 
 
 def drafter(n: int, p: float, *extra: str, spec: str = DRAFTER) -> LlamaConfig:
-    args = (*md, "--spec-draft-n-max", str(n), "--spec-draft-p-min", str(p), *extra)
+    args = (*md, "--spec-draft-n-max", str(n), "--spec-draft-p-min", str(p), *extra, *fa)
     name = f"{spec.replace('draft-', '')} n{n} p{p:g}" + (" " + " ".join(extra) if extra else "")
     return LlamaConfig(name, "f16", spec, args)
 
@@ -41,7 +47,7 @@ def from_spec(text: str) -> LlamaConfig:
     return drafter(int(n), float(p), spec=f"{DRAFTER},ngram-mod" if text.startswith("+") else DRAFTER)
 
 
-configs = [LlamaConfig("plain-f16", "f16"), LlamaConfig("ngram-mod", "f16", "ngram-mod")]
+configs = [LlamaConfig("plain-f16", "f16", None, fa), LlamaConfig("ngram-mod", "f16", "ngram-mod", fa)]
 configs += [from_spec(s) for s in sys.argv[2:]] or [
     drafter(1, 0.0),
     drafter(1, 0.4),
