@@ -92,7 +92,7 @@ def configs_for(
         raise ValueError(f"n-gram types {unknown}: llama.cpp has {', '.join(NGRAM_TYPES)}")
     model = ("-md", str(Path(folder).resolve() / manifest["draft"]))
     own = draft_settings(manifest, n_max, p_min)
-    fa = flash_attn_args(flash_attn or manifest.get("flash_attn"))  # exports before it was written: default
+    fa = flash_attn_args(flash_attn_setting(manifest, flash_attn))
     draft = (*model, *own.args(), *fa)
     out = [LlamaConfig(f"plain-{t}", t, None, fa) for t in targets]
     out += [LlamaConfig(f"eagle3-{t}", t, DRAFTER, draft) for t in (spec_targets or targets)]
@@ -109,6 +109,12 @@ def configs_for(
 def draft_settings(manifest: dict, n_max: int | None = None, p_min: float | None = None) -> DraftSettings:
     """The export's draft settings (exports before p_min was written never cut drafts), or the ones given."""
     return DraftSettings(n_max or manifest["n_max"], manifest.get("p_min", 0.0) if p_min is None else p_min)
+
+
+def flash_attn_setting(manifest: dict, flash_attn: str | None = None) -> str | None:
+    """The -fa value the export serves with, or the one given; None (exports before it was written):
+    llama.cpp's default."""
+    return flash_attn or manifest.get("flash_attn")
 
 
 @dataclass

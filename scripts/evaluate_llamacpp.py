@@ -40,6 +40,7 @@ from headway.inference.llamacpp_eval import (
     configs_for,
     draft_settings,
     eos_ids,
+    flash_attn_setting,
     read_manifest,
 )
 from headway.inference.llamacpp_report import llamacpp_markdown, llamacpp_report
@@ -101,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         own = draft_settings(manifest, args.n_max, args.p_min)
     except ValueError as e:
         p.error(str(e))
+    flash_attn = flash_attn_setting(manifest, args.flash_attn)
     configs = configs_for(
         folder, args.primary, _names(args.ngram), _names(args.combo_ngram), own.n_max, p_min=own.p_min,
-        variants=variants, flash_attn=args.flash_attn,
+        variants=variants, flash_attn=flash_attn,
     )
-    flash_attn = args.flash_attn or manifest.get("flash_attn")
     n_max = own.n_max
     target_dir = Path(manifest["target_folder"])
     tok = load_tokenizer(

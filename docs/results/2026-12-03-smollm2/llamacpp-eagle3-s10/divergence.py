@@ -27,7 +27,7 @@ import torch
 from headway.config import TargetConfig
 from headway.data.chat import first_turn_ids
 from headway.export.serve import flash_attn_args
-from headway.inference.llamacpp_eval import read_manifest
+from headway.inference.llamacpp_eval import flash_attn_setting, read_manifest
 from headway.inference.questions import load_questions
 from headway.llamacpp import ensure_llamacpp
 from headway.llamacpp_server import LlamaServer
@@ -76,7 +76,7 @@ def main() -> int:
     print(f"{len(cases)} first-turn divergences from plain-f16 (d: first differing answer token)")
     print("config | question | d | plain tok p / spec tok s | llama.cpp one-token  lp(p) lp(s) gap |"
           " llama.cpp batched  lp(p) lp(s) gap | fp32 transformers  lp(p) lp(s) gap")  # fmt: skip
-    fa = flash_attn_args(args.flash_attn or manifest.get("flash_attn"))
+    fa = flash_attn_args(flash_attn_setting(manifest, args.flash_attn))
     with LlamaServer(llama, gguf, args.threads, 4096, extra_args=fa) as srv:
         for config, r, d in sorted(cases, key=lambda c: (c[1]["question_id"], c[0])):
             q = questions[r["question_id"]]

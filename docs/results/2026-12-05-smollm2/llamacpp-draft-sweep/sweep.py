@@ -23,7 +23,14 @@ from pathlib import Path
 from headway.config import TargetConfig
 from headway.data.chat import first_turn_ids
 from headway.export.serve import flash_attn_args
-from headway.inference.llamacpp_eval import DRAFTER, LlamaConfig, LlamaRunner, eos_ids, read_manifest
+from headway.inference.llamacpp_eval import (
+    DRAFTER,
+    LlamaConfig,
+    LlamaRunner,
+    eos_ids,
+    flash_attn_setting,
+    read_manifest,
+)
 from headway.inference.llamacpp_report import summarize_config
 from headway.inference.questions import load_questions
 from headway.llamacpp import ensure_llamacpp
@@ -33,7 +40,7 @@ PER_DOMAIN = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 EXPORT = Path("exports/smollm2-eagle3-llamacpp")
 manifest = read_manifest(EXPORT)
 md = ("-md", str(EXPORT.resolve() / manifest["draft"]))
-fa = flash_attn_args(manifest.get("flash_attn"))  # every server as the export serves (sweeps 1-4: default, on)
+fa = flash_attn_args(flash_attn_setting(manifest))  # every server as the export serves (sweeps 1-4: default, on)
 
 
 def drafter(n: int, p: float, *extra: str, spec: str = DRAFTER) -> LlamaConfig:
