@@ -39,6 +39,9 @@ class TargetConfig:
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # bf16 on a CPU: keep every linear weight pre-packed for oneDNN (headway/packed.py; same results, faster
+    # decoding). Elsewhere it does nothing.
+    pack_weights: bool = True
     # A Jinja chat template file for targets whose tokenizer has none (Vicuna). Paths are relative to the repo root.
     chat_template: str | None = None
     # Architecture facts, for the GPU configs: checked against the loaded model's config.

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from headway.config import TargetConfig
+from headway.packed import pack_linears
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,8 @@ def load_tokenizer(cfg: TargetConfig):
 
 
 def load_target(cfg: TargetConfig, device: torch.device | None = None, dtype: torch.dtype | None = None):
-    """The unmodified transformers model (eval mode, frozen) and its tokenizer."""
+    """The unmodified transformers model (eval mode, frozen; bf16 CPU linears pre-packed unless
+    target.pack_weights is off) and its tokenizer."""
     from transformers import AutoModelForCausalLM
 
     device = device or pick_device(cfg.device)
@@ -187,6 +189,8 @@ def load_target(cfg: TargetConfig, device: torch.device | None = None, dtype: to
     ).to(device)
     model.eval().requires_grad_(False)
     check_architecture(model.config, cfg)
+    if cfg.pack_weights:
+        pack_linears(model)
     return model, load_tokenizer(cfg)
 
 

@@ -32,6 +32,7 @@ from headway.inference.trees import (
     load_accuracies,
     load_paths,
 )
+from headway.packed import pack_linears
 from headway.sampling import SamplingParams
 from headway.target import stop_token_ids
 
@@ -83,8 +84,12 @@ def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | 
                 from peft import PeftModel
 
                 target = PeftModel.from_pretrained(target, str(lora)).merge_and_unload().eval()
+                if cfg.target.pack_weights:
+                    pack_linears(target)  # the merge changed the weights in place, unseen by their packed copies
                 notes.append("Medusa-2: LoRA merged into the target; outputs are the adapted model's")
         heads = heads.to(dtype=dtype).eval()
+        if cfg.target.pack_weights:
+            pack_linears(heads)
         return MedusaDrafter(heads, inf.children), target, "medusa", heads.config.num_heads, notes
     if cfg.eagle is not None:
         from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
@@ -99,6 +104,8 @@ def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | 
         else:
             d = load_eagle(checkpoint, target)
         d = d.to(dtype=dtype).eval()
+        if cfg.target.pack_weights:
+            pack_linears(d)
         return EagleTreeDrafter(d, inf.children), target, f"eagle{d.config.version}", None, notes
     raise ValueError(
         f"{cfg.source_file}: the recipe has neither a medusa: nor an eagle: section; nothing to draft with"

@@ -1,0 +1,77 @@
+"""Plain decoding and the EAGLE-3 engine with the target's and the drafter's linear weights pre-packed
+(headway/packed.py) against plain nn.Linear, interleaved in one process: per Spec-Bench question the
+four runs go back to back, order rotated. The tree is fixed (dynamic, 16 nodes, depth 4, top-k 8) so
+both engines draft the same trees; answers are compared token by token.
+
+    python docs/results/2026-12-06-smollm2/packed-weights/engine_ab.py 3   # questions per domain, 128 new tokens
+"""
+
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from headway.config import load_config
+from headway.data.chat import first_turn_ids
+from headway.inference.build import build_engine
+from headway.inference.questions import load_questions
+from headway.paths import resolve_path
+from headway.target import load_target, stop_token_ids
+
+PER_DOMAIN, MAX_NEW = int(sys.argv[1]), 128
+CKPT = "runs/smollm2-135m/eagle3"
+cfgs = {}
+for name, pack in (("nn.Linear", False), ("packed", True)):
+    cfgs[name] = load_config(
+        "configs/smollm2-135m/eagle3.yaml",
+        ["inference.tree_budget=16", "inference.depth=4", f"target.pack_weights={str(pack).lower()}"],
+    )
+plain_model, tok = load_target(cfgs["nn.Linear"].target)
+packed_model, _ = load_target(cfgs["packed"].target)
+models = {"nn.Linear": plain_model, "packed": packed_model}
+engines = {n: build_engine(cfgs[n], CKPT, models[n], tok).engine for n in models}
+eos = sorted(stop_token_ids(plain_model, tok))
+questions = load_questions(resolve_path(cfgs["packed"].eval.questions), PER_DOMAIN)
+
+
+def plain(model, ids):
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW, do_sample=False,
+                             eos_token_id=eos, pad_token_id=tok.pad_token_id)
+    toks = out[0, len(ids):].tolist()
+    for i, t in enumerate(toks):
+        if t in eos:
+            return toks[: i + 1]
+    return toks
+
+
+runs = [(n, kind) for n in models for kind in ("plain", "eagle3")]
+tot = defaultdict(lambda: [0, 0.0])
+answers = defaultdict(dict)
+warm = first_turn_ids(tok, "Say hello.")
+for n in models:
+    plain(models[n], warm)
+    engines[n].generate([warm], 8)
+for qi, q in enumerate(questions):
+    ids = first_turn_ids(tok, q.turns[0])
+    order = runs[qi % len(runs):] + runs[: qi % len(runs)]
+    for n, kind in order:
+        t = time.perf_counter()
+        toks = plain(models[n], ids) if kind == "plain" else engines[n].generate([ids], MAX_NEW).tokens[0]
+        dt = time.perf_counter() - t
+        tot[(n, kind)][0] += len(toks)
+        tot[(n, kind)][1] += dt
+        answers[(n, kind)][q.question_id] = toks
+    print(f"{qi + 1}/{len(questions)} done", flush=True)
+print("| weights | method | tokens | seconds | tokens/s | over plain, same weights |")
+print("|---|---|---|---|---|---|")
+for n, kind in runs:
+    k, s = tot[(n, kind)]
+    base = tot[(n, "plain")][0] / tot[(n, "plain")][1]
+    print(f"| {n} | {kind} | {k} | {s:.1f} | {k / s:.1f} | {k / s / base:.3f}x |")
+for kind in ("plain", "eagle3"):
+    a, b = tot[("packed", kind)], tot[("nn.Linear", kind)]
+    same = sum(answers[("packed", kind)][i] == answers[("nn.Linear", kind)][i] for i in answers[("packed", kind)])
+    print(f"{kind}: packed / nn.Linear tokens/s {a[0] / a[1] / (b[0] / b[1]):.3f}x; answers identical {same}/{len(questions)}")
