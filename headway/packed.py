@@ -62,11 +62,8 @@ def pack_linears(model: nn.Module) -> int:
     bf16 CPU model, where there is nothing to gain)."""
     n = 0
     for module in model.modules():
-        if type(module) is nn.Linear and packing_available(module.weight):
-            module.__class__ = PackedLinear
-            module.repack()
-            n += 1
-        elif isinstance(module, PackedLinear):
+        if type(module) in (nn.Linear, PackedLinear) and packing_available(module.weight):
+            module.__class__ = PackedLinear  # already packed: packed again, from the weight as it is now
             module.repack()
             n += 1
     return n

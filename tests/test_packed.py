@@ -80,5 +80,14 @@ def test_autograd_goes_through_the_plain_op():
     assert torch.equal(gx, x.grad) and torch.equal(gw, ref.weight.grad)
 
 
+def test_a_packed_layer_moved_off_bf16_is_not_packed_again():
+    lin = _linear()
+    pack_linears(lin)
+    lin.to(torch.float32)
+    assert pack_linears(lin) == 0
+    x = torch.randn(4, 576)
+    assert torch.equal(lin(x), nn.functional.linear(x, lin.weight))
+
+
 def test_nothing_packed_off_bf16():
     assert pack_linears(tiny_llama()) == 0  # fp32: F.linear is already fast there

@@ -18,6 +18,7 @@ from headway.inference.build import build_engine
 from headway.inference.questions import load_questions
 from headway.paths import resolve_path
 from headway.target import load_target, stop_token_ids
+from headway.tokens import cut_at_eos
 
 PER_DOMAIN, MAX_NEW = int(sys.argv[1]), 128
 CKPT = "runs/smollm2-135m/eagle3"
@@ -40,11 +41,7 @@ def plain(model, ids):
     with torch.inference_mode():
         out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW, do_sample=False,
                              eos_token_id=eos, pad_token_id=tok.pad_token_id)
-    toks = out[0, len(ids):].tolist()
-    for i, t in enumerate(toks):
-        if t in eos:
-            return toks[: i + 1]
-    return toks
+    return cut_at_eos(out[0, len(ids):].tolist(), eos)
 
 
 runs = [(n, kind) for n in models for kind in ("plain", "eagle3")]
