@@ -29,7 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from headway.attention import gqa_sdpa_attention
 
 ATTENTION_NAME = "headway_eagle"
 BASE_ATTENTION_ATTR = "headway_base_attention"  # on the drafter's layer config: "sdpa" or "eager"
@@ -232,7 +233,7 @@ def eagle_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         attention_mask = attention_mask.to(query.dtype)  # SDPA wants the query's dtype (autocast: bf16)
     if eager:
         return eager_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
-    return sdpa_attention_forward(
+    return gqa_sdpa_attention(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=False, **kwargs
     )
 

@@ -24,6 +24,8 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import CacheLayerMixin
 
+from headway.attention import GQA_SDPA, gqa_sdpa_attention
+
 
 @functools.cache
 def _cache_keyword(cls: type) -> str:
@@ -268,9 +270,7 @@ def _slot_decode_attention(module, query, key, value, attention_mask, scaling=No
     """One query per row over contiguous [B, Hkv, S, D] keys: two batched matmuls, the query heads of a
     key head packed together (no repeat_kv copy). Measured on this CPU (bf16, batch 32, 600 slots)
     3-4x faster than torch's SDPA kernel for this shape. Scores are computed in the model dtype and
-    the softmax in fp32, as transformers' eager attention does. Anything else goes to SDPA."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    the softmax in fp32, as transformers' eager attention does. Anything else goes to SDPA (GQA_SDPA)."""
     special = any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "s_aux", "position_bias"))
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if isinstance(key, list):  # a SlotCache's groups (a decode step): each attends over its own slots
@@ -284,7 +284,7 @@ def _slot_decode_attention(module, query, key, value, attention_mask, scaling=No
             first = end
         return out, None
     if query.shape[2] != 1 or special or not key.is_contiguous() or not value.is_contiguous():
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return gqa_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     return _rows_attention(query, key, value, attention_mask, scale), None
 
 
@@ -311,7 +311,7 @@ def decode_attention(model):
 
     config = getattr(model, "config", None)
     old = getattr(config, "_attn_implementation", None)
-    if old not in ("sdpa", "eager"):
+    if old not in ("sdpa", "eager", GQA_SDPA):
         yield False
         return
     AttentionInterface.register(SLOT_ATTENTION, _slot_decode_attention)

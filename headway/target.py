@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from headway.attention import use_gqa_sdpa
 from headway.config import TargetConfig
 from headway.packed import pack_linears
 
@@ -179,7 +180,7 @@ def load_tokenizer(cfg: TargetConfig):
 
 def load_target(cfg: TargetConfig, device: torch.device | None = None, dtype: torch.dtype | None = None):
     """The unmodified transformers model (eval mode, frozen; bf16 CPU linears pre-packed unless
-    target.pack_weights is off) and its tokenizer."""
+    target.pack_weights is off; "sdpa" attention runs headway.attention's GQA_SDPA) and its tokenizer."""
     from transformers import AutoModelForCausalLM
 
     device = device or pick_device(cfg.device)
@@ -189,6 +190,7 @@ def load_target(cfg: TargetConfig, device: torch.device | None = None, dtype: to
     ).to(device)
     model.eval().requires_grad_(False)
     check_architecture(model.config, cfg)
+    use_gqa_sdpa(model)
     if cfg.pack_weights:
         pack_linears(model)
     return model, load_tokenizer(cfg)
