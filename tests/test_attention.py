@@ -84,3 +84,8 @@ def test_eager_models_are_left_alone_and_decode_attention_still_switches():
     with decode_attention(switched) as on:
         assert on
     assert switched.config._attn_implementation == GQA_SDPA
+
+
+def test_the_losslessness_suite_runs_on_gqa_sdpa(smol_fp32):
+    """load_target switches the real target, so tests/test_lossless_*.py check the engine through it."""
+    assert smol_fp32.config._attn_implementation == GQA_SDPA
