@@ -10,8 +10,9 @@ import os
 import platform
 import threading
 import time
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -112,3 +113,36 @@ def hardware(device: torch.device) -> str:
 
 def mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
+
+
+@dataclass
+class ArmTotals:
+    tokens: int = 0
+    seconds: float = 0.0
+    answers: dict = field(default_factory=dict)  # item key -> the tokens the arm produced
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def interleaved(
+    arms: Sequence[Hashable],
+    items: Sequence[tuple[Hashable, object]],
+    run: Callable[[Hashable, object], list[int]],
+    progress: bool = True,
+) -> dict[Hashable, ArmTotals]:
+    """Every (key, payload) item runs through every arm back to back, the arms' order rotated by one
+    per item, so the machine's drift hits all arms alike; `run(arm, payload)` returns the tokens made.
+    Warm the arms up before calling (first calls pay one-off costs)."""
+    totals = {arm: ArmTotals() for arm in arms}
+    for i, (key, payload) in enumerate(items):
+        for arm in [*arms[i % len(arms):], *arms[: i % len(arms)]]:
+            t = time.perf_counter()
+            tokens = run(arm, payload)
+            totals[arm].seconds += time.perf_counter() - t
+            totals[arm].tokens += len(tokens)
+            totals[arm].answers[key] = tokens
+        if progress:
+            print(f"{i + 1}/{len(items)} done", flush=True)
+    return totals

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from headway import kv
-from headway.bench import timed
+from headway.bench import interleaved, timed
 from headway.tokens import cut_at_eos, left_pad
 
 
@@ -71,3 +71,17 @@ def test_select_rows_keeps_the_chosen_batch_rows():
     cache = _cache(batch=3)
     kv.select_rows(cache, torch.tensor([2, 0]))
     assert [row[0] for row in _slot_ids(cache.layers[1].keys - 1000)] == [200, 0]
+
+
+def test_interleaved_rotates_the_arms_and_sums_per_arm():
+    calls = []
+
+    def run(arm, payload):
+        calls.append(arm)
+        return [payload] * (1 + "abc".index(arm))
+
+    totals = interleaved(["a", "b", "c"], [("q1", 7), ("q2", 8), ("q3", 9), ("q4", 1)], run, progress=False)
+    assert calls == list("abc" "bca" "cab" "abc")  # each item through every arm, order rotated by one
+    assert [totals[a].tokens for a in "abc"] == [4, 8, 12]
+    assert totals["c"].answers == {"q1": [7] * 3, "q2": [8] * 3, "q3": [9] * 3, "q4": [1] * 3}
+    assert all(t.seconds > 0 and t.tokens_per_s > 0 for t in totals.values())

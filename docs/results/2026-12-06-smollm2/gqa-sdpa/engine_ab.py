@@ -8,14 +8,13 @@ engines draft the same trees; answers are compared token by token.
 """
 
 import sys
-import time
-from collections import defaultdict
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import headway.heads.eagle_attention as eagle_attention
 from headway.attention import gqa_sdpa_attention
+from headway.bench import interleaved
 from headway.config import load_config
 from headway.data.chat import first_turn_ids
 from headway.inference.build import build_engine
@@ -56,29 +55,18 @@ def run(arm, kind, ids):
 
 
 runs = [(arm, kind) for arm in ARMS for kind in ("plain", "eagle3")]
-tot = defaultdict(lambda: [0, 0.0, 0])
-answers = defaultdict(dict)
 warm = first_turn_ids(tok, "Say hello.")
 for arm, kind in runs:
     run(arm, kind, warm)
-for qi, q in enumerate(questions):
-    ids = first_turn_ids(tok, q.turns[0])
-    order = runs[qi % len(runs):] + runs[: qi % len(runs)]
-    for arm, kind in order:
-        t = time.perf_counter()
-        toks = run(arm, kind, ids)
-        dt = time.perf_counter() - t
-        tot[(arm, kind)][0] += len(toks)
-        tot[(arm, kind)][1] += dt
-        answers[(arm, kind)][q.question_id] = toks
-    print(f"{qi + 1}/{len(questions)} done", flush=True)
+items = [(q.question_id, first_turn_ids(tok, q.turns[0])) for q in questions]
+tot = interleaved(runs, items, lambda arm_kind, ids: run(*arm_kind, ids))
 print("| attention | method | tokens | seconds | tokens/s | over plain, same attention |")
 print("|---|---|---|---|---|---|")
 for arm, kind in runs:
-    k, s, _ = tot[(arm, kind)]
-    base = tot[(arm, "plain")][0] / tot[(arm, "plain")][1]
-    print(f"| {arm} | {kind} | {k} | {s:.1f} | {k / s:.1f} | {k / s / base:.3f}x |")
+    t = tot[(arm, kind)]
+    print(f"| {arm} | {kind} | {t.tokens} | {t.seconds:.1f} | {t.tokens_per_s:.1f} | "
+          f"{t.tokens_per_s / tot[(arm, 'plain')].tokens_per_s:.3f}x |")
 for kind in ("plain", "eagle3"):
     a, b = tot[("gqa_sdpa", kind)], tot[("sdpa", kind)]
-    same = sum(answers[("gqa_sdpa", kind)][i] == answers[("sdpa", kind)][i] for i in answers[("sdpa", kind)])
-    print(f"{kind}: gqa_sdpa / sdpa tokens/s {a[0] / a[1] / (b[0] / b[1]):.3f}x; answers identical {same}/{len(questions)}")
+    same = sum(a.answers[k] == b.answers[k] for k in b.answers)
+    print(f"{kind}: gqa_sdpa / sdpa tokens/s {a.tokens_per_s / b.tokens_per_s:.3f}x; answers identical {same}/{len(items)}")

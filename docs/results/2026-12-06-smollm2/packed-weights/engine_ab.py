@@ -7,11 +7,10 @@ both engines draft the same trees; answers are compared token by token.
 """
 
 import sys
-import time
-from collections import defaultdict
 
 import torch
 
+from headway.bench import interleaved
 from headway.config import load_config
 from headway.data.chat import first_turn_ids
 from headway.inference.build import build_engine
@@ -45,30 +44,26 @@ def plain(model, ids):
 
 
 runs = [(n, kind) for n in models for kind in ("plain", "eagle3")]
-tot = defaultdict(lambda: [0, 0.0])
-answers = defaultdict(dict)
 warm = first_turn_ids(tok, "Say hello.")
 for n in models:
     plain(models[n], warm)
     engines[n].generate([warm], 8)
-for qi, q in enumerate(questions):
-    ids = first_turn_ids(tok, q.turns[0])
-    order = runs[qi % len(runs):] + runs[: qi % len(runs)]
-    for n, kind in order:
-        t = time.perf_counter()
-        toks = plain(models[n], ids) if kind == "plain" else engines[n].generate([ids], MAX_NEW).tokens[0]
-        dt = time.perf_counter() - t
-        tot[(n, kind)][0] += len(toks)
-        tot[(n, kind)][1] += dt
-        answers[(n, kind)][q.question_id] = toks
-    print(f"{qi + 1}/{len(questions)} done", flush=True)
+
+
+def run(arm_kind, ids):
+    n, kind = arm_kind
+    return plain(models[n], ids) if kind == "plain" else engines[n].generate([ids], MAX_NEW).tokens[0]
+
+
+items = [(q.question_id, first_turn_ids(tok, q.turns[0])) for q in questions]
+tot = interleaved(runs, items, run)
 print("| weights | method | tokens | seconds | tokens/s | over plain, same weights |")
 print("|---|---|---|---|---|---|")
 for n, kind in runs:
-    k, s = tot[(n, kind)]
-    base = tot[(n, "plain")][0] / tot[(n, "plain")][1]
-    print(f"| {n} | {kind} | {k} | {s:.1f} | {k / s:.1f} | {k / s / base:.3f}x |")
+    t = tot[(n, kind)]
+    print(f"| {n} | {kind} | {t.tokens} | {t.seconds:.1f} | {t.tokens_per_s:.1f} | "
+          f"{t.tokens_per_s / tot[(n, 'plain')].tokens_per_s:.3f}x |")
 for kind in ("plain", "eagle3"):
     a, b = tot[("packed", kind)], tot[("nn.Linear", kind)]
-    same = sum(answers[("packed", kind)][i] == answers[("nn.Linear", kind)][i] for i in answers[("packed", kind)])
-    print(f"{kind}: packed / nn.Linear tokens/s {a[0] / a[1] / (b[0] / b[1]):.3f}x; answers identical {same}/{len(questions)}")
+    same = sum(a.answers[k] == b.answers[k] for k in a.answers)
+    print(f"{kind}: packed / nn.Linear tokens/s {a.tokens_per_s / b.tokens_per_s:.3f}x; answers identical {same}/{len(items)}")
