@@ -2,6 +2,8 @@
 
     with timed(device) as m: ...    # m.seconds, with the device's queued work finished at both ends
     with measure(device) as m: ...  # m.seconds and m.peak_bytes (samples RSS on CPU: benchmarks only)
+    totals = interleaved(runs, items, run)  # A/B: each item through every run back to back, order rotated
+    print(*ab_table(totals, arms, kinds, "weights"), sep="\n")  # tokens/s per run; last arm over first
 """
 
 from __future__ import annotations
@@ -146,3 +148,25 @@ def interleaved(
         if progress:
             print(f"{i + 1}/{len(items)} done", flush=True)
     return totals
+
+
+def ab_table(totals: dict, arms: Sequence[str], kinds: Sequence[str], label: str) -> list[str]:
+    """Lines of an A/B report over `interleaved` runs keyed (arm, kind): a markdown table of tokens/s, each
+    run over the first kind in the same arm, then per kind the last arm over the first and how many
+    answers the two share to the token."""
+    base_kind, old, new = kinds[0], arms[0], arms[-1]
+    lines = [f"| {label} | method | tokens | seconds | tokens/s | over {base_kind}, same {label} |", "|---|---|---|---|---|---|"]
+    for arm in arms:
+        for kind in kinds:
+            t = totals[(arm, kind)]
+            lines.append(
+                f"| {arm} | {kind} | {t.tokens} | {t.seconds:.1f} | {t.tokens_per_s:.1f} | "
+                f"{t.tokens_per_s / totals[(arm, base_kind)].tokens_per_s:.3f}x |"
+            )
+    for kind in kinds:
+        a, b = totals[(new, kind)], totals[(old, kind)]
+        same = sum(a.answers.get(k) == v for k, v in b.answers.items())
+        lines.append(
+            f"{kind}: {new} / {old} tokens/s {a.tokens_per_s / b.tokens_per_s:.3f}x; answers identical {same}/{len(b.answers)}"
+        )
+    return lines

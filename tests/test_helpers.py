@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from headway import kv
-from headway.bench import interleaved, timed
+from headway.bench import ArmTotals, ab_table, interleaved, timed
 from headway.tokens import cut_at_eos, left_pad
 
 
@@ -85,3 +85,17 @@ def test_interleaved_rotates_the_arms_and_sums_per_arm():
     assert [totals[a].tokens for a in "abc"] == [4, 8, 12]
     assert totals["c"].answers == {"q1": [7] * 3, "q2": [8] * 3, "q3": [9] * 3, "q4": [1] * 3}
     assert all(t.seconds > 0 and t.tokens_per_s > 0 for t in totals.values())
+
+
+def test_ab_table_compares_the_last_arm_with_the_first():
+    totals = {
+        ("old", "plain"): ArmTotals(100, 10.0, {"q": [1, 2]}),
+        ("old", "spec"): ArmTotals(100, 5.0, {"q": [1, 2]}),
+        ("new", "plain"): ArmTotals(100, 10.0, {"q": [1, 2]}),
+        ("new", "spec"): ArmTotals(100, 4.0, {"q": [1, 3]}),
+    }
+    lines = ab_table(totals, ["old", "new"], ["plain", "spec"], "weights")
+    assert lines[0].startswith("| weights | method |") and len(lines) == 2 + 4 + 2
+    assert lines[3] == "| old | spec | 100 | 5.0 | 20.0 | 2.000x |"
+    assert lines[-1] == "spec: new / old tokens/s 1.250x; answers identical 0/1"
+    assert lines[-2] == "plain: new / old tokens/s 1.000x; answers identical 1/1"

@@ -14,7 +14,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import headway.heads.eagle_attention as eagle_attention
 from headway.attention import gqa_sdpa_attention
-from headway.bench import interleaved
+from headway.bench import ab_table, interleaved
 from headway.config import load_config
 from headway.data.chat import first_turn_ids
 from headway.inference.build import build_engine
@@ -60,13 +60,4 @@ for arm, kind in runs:
     run(arm, kind, warm)
 items = [(q.question_id, first_turn_ids(tok, q.turns[0])) for q in questions]
 tot = interleaved(runs, items, lambda arm_kind, ids: run(*arm_kind, ids))
-print("| attention | method | tokens | seconds | tokens/s | over plain, same attention |")
-print("|---|---|---|---|---|---|")
-for arm, kind in runs:
-    t = tot[(arm, kind)]
-    print(f"| {arm} | {kind} | {t.tokens} | {t.seconds:.1f} | {t.tokens_per_s:.1f} | "
-          f"{t.tokens_per_s / tot[(arm, 'plain')].tokens_per_s:.3f}x |")
-for kind in ("plain", "eagle3"):
-    a, b = tot[("gqa_sdpa", kind)], tot[("sdpa", kind)]
-    same = sum(a.answers[k] == b.answers[k] for k in b.answers)
-    print(f"{kind}: gqa_sdpa / sdpa tokens/s {a.tokens_per_s / b.tokens_per_s:.3f}x; answers identical {same}/{len(items)}")
+print(*ab_table(tot, ARMS, ("plain", "eagle3"), "attention"), sep="\n")

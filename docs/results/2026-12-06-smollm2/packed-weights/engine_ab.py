@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from headway.bench import interleaved
+from headway.bench import ab_table, interleaved
 from headway.config import load_config
 from headway.data.chat import first_turn_ids
 from headway.inference.build import build_engine
@@ -57,13 +57,4 @@ def run(arm_kind, ids):
 
 items = [(q.question_id, first_turn_ids(tok, q.turns[0])) for q in questions]
 tot = interleaved(runs, items, run)
-print("| weights | method | tokens | seconds | tokens/s | over plain, same weights |")
-print("|---|---|---|---|---|---|")
-for n, kind in runs:
-    t = tot[(n, kind)]
-    print(f"| {n} | {kind} | {t.tokens} | {t.seconds:.1f} | {t.tokens_per_s:.1f} | "
-          f"{t.tokens_per_s / tot[(n, 'plain')].tokens_per_s:.3f}x |")
-for kind in ("plain", "eagle3"):
-    a, b = tot[("packed", kind)], tot[("nn.Linear", kind)]
-    same = sum(a.answers[k] == b.answers[k] for k in a.answers)
-    print(f"{kind}: packed / nn.Linear tokens/s {a.tokens_per_s / b.tokens_per_s:.3f}x; answers identical {same}/{len(items)}")
+print(*ab_table(tot, list(models), ("plain", "eagle3"), "weights"), sep="\n")
