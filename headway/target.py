@@ -235,3 +235,16 @@ def config_fingerprint(c, tokenizer, name: str) -> dict:
 def context_length(model) -> int:
     """How many positions the target was trained for (max_position_embeddings); unbounded when it does not say."""
     return getattr(model.config, "max_position_embeddings", None) or 1 << 30
+
+
+def plain_greedy(model, tokenizer, ids: list[int], max_new_tokens: int) -> list[int]:
+    """The baseline every speculative answer must equal: transformers' greedy `generate` on one prompt,
+    cut after the first stop token."""
+    from headway.tokens import cut_at_eos
+
+    eos = sorted(stop_token_ids(model, tokenizer))
+    x = torch.tensor([ids], device=model.device)
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    return cut_at_eos(out[0, len(ids):].tolist(), eos)

@@ -9,7 +9,6 @@ engines draft the same trees; answers are compared token by token.
 
 import sys
 
-import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import headway.heads.eagle_attention as eagle_attention
@@ -20,8 +19,7 @@ from headway.data.chat import first_turn_ids
 from headway.inference.build import build_engine
 from headway.inference.questions import load_questions
 from headway.paths import resolve_path
-from headway.target import load_target, stop_token_ids
-from headway.tokens import cut_at_eos
+from headway.target import load_target, plain_greedy
 
 PER_DOMAIN, MAX_NEW = int(sys.argv[1]), 128
 CKPT = "runs/smollm2-135m/eagle3"
@@ -36,17 +34,12 @@ arm_now = {"arm": "gqa_sdpa"}
 eagle_attention.gqa_sdpa_attention = lambda *a, **k: (
     gqa_sdpa_attention if arm_now["arm"] == "gqa_sdpa" else sdpa_attention_forward
 )(*a, **k)
-eos = sorted(stop_token_ids(models["sdpa"], tok))
 questions = load_questions(resolve_path(cfg.eval.questions), PER_DOMAIN)
 print({arm: models[arm].config._attn_implementation for arm in ARMS})
 
 
 def plain(model, ids):
-    x = torch.tensor([ids])
-    with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW, do_sample=False,
-                             eos_token_id=eos, pad_token_id=tok.pad_token_id)
-    return cut_at_eos(out[0, len(ids):].tolist(), eos)
+    return plain_greedy(model, tok, ids, MAX_NEW)
 
 
 def run(arm, kind, ids):

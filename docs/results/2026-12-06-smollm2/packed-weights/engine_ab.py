@@ -8,16 +8,13 @@ both engines draft the same trees; answers are compared token by token.
 
 import sys
 
-import torch
-
 from headway.bench import ab_table, interleaved
 from headway.config import load_config
 from headway.data.chat import first_turn_ids
 from headway.inference.build import build_engine
 from headway.inference.questions import load_questions
 from headway.paths import resolve_path
-from headway.target import load_target, stop_token_ids
-from headway.tokens import cut_at_eos
+from headway.target import load_target, plain_greedy
 
 PER_DOMAIN, MAX_NEW = int(sys.argv[1]), 128
 CKPT = "runs/smollm2-135m/eagle3"
@@ -31,16 +28,11 @@ plain_model, tok = load_target(cfgs["nn.Linear"].target)
 packed_model, _ = load_target(cfgs["packed"].target)
 models = {"nn.Linear": plain_model, "packed": packed_model}
 engines = {n: build_engine(cfgs[n], CKPT, models[n], tok).engine for n in models}
-eos = sorted(stop_token_ids(plain_model, tok))
 questions = load_questions(resolve_path(cfgs["packed"].eval.questions), PER_DOMAIN)
 
 
 def plain(model, ids):
-    x = torch.tensor([ids])
-    with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW, do_sample=False,
-                             eos_token_id=eos, pad_token_id=tok.pad_token_id)
-    return cut_at_eos(out[0, len(ids):].tolist(), eos)
+    return plain_greedy(model, tok, ids, MAX_NEW)
 
 
 runs = [(n, kind) for n in models for kind in ("plain", "eagle3")]
