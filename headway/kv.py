@@ -24,7 +24,7 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import CacheLayerMixin
 
-from headway.attention import GQA_SDPA, gqa_sdpa_attention
+from headway.attention import GQA_SDPA, gqa_sdpa_attention, needs_transformers_kernel
 
 
 @functools.cache
@@ -271,7 +271,7 @@ def _slot_decode_attention(module, query, key, value, attention_mask, scaling=No
     key head packed together (no repeat_kv copy). Measured on this CPU (bf16, batch 32, 600 slots)
     3-4x faster than torch's SDPA kernel for this shape. Scores are computed in the model dtype and
     the softmax in fp32, as transformers' eager attention does. Anything else goes to SDPA (GQA_SDPA)."""
-    special = any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "s_aux", "position_bias"))
+    special = needs_transformers_kernel(kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if isinstance(key, list):  # a SlotCache's groups (a decode step): each attends over its own slots
         if query.shape[2] != 1 or special:

@@ -90,12 +90,3 @@ def test_the_losslessness_suite_runs_on_gqa_sdpa(smol_fp32):
     """load_target switches the real target, so tests/test_lossless_*.py check the engine through it."""
     assert smol_fp32.config._attn_implementation == GQA_SDPA
 
-
-def test_plain_greedy_is_cut_after_the_first_stop_token(smol_fp32, smol_tok):
-    from headway.data.chat import first_turn_ids
-    from headway.target import plain_greedy, stop_token_ids
-
-    stops = stop_token_ids(smol_fp32, smol_tok)
-    answer = plain_greedy(smol_fp32, smol_tok, first_turn_ids(smol_tok, "Say hello."), 64)
-    assert 0 < len(answer) < 64 and answer[-1] in stops
-    assert not stops & set(answer[:-1])

@@ -1,4 +1,4 @@
-"""Shared helpers: left padding, cutting at EOS, timing, and the KV-cache operations in headway.kv."""
+"""Shared helpers: left padding, cutting at EOS, the greedy baseline, timing and A/B tables, and the KV-cache operations in headway.kv."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from transformers import DynamicCache
 
 from headway import kv
 from headway.bench import ArmTotals, ab_table, interleaved, timed
+from headway.data.chat import first_turn_ids
+from headway.target import plain_greedy, stop_token_ids
 from headway.tokens import cut_at_eos, left_pad
 
 
@@ -99,3 +101,10 @@ def test_ab_table_compares_the_last_arm_with_the_first():
     assert lines[3] == "| old | spec | 100 | 5.0 | 20.0 | 2.000x |"
     assert lines[-1] == "spec: new / old tokens/s 1.250x; answers identical 0/1"
     assert lines[-2] == "plain: new / old tokens/s 1.000x; answers identical 1/1"
+
+
+def test_plain_greedy_is_cut_after_the_first_stop_token(smol_fp32, smol_tok):
+    stops = stop_token_ids(smol_fp32, smol_tok)
+    answer = plain_greedy(smol_fp32, smol_tok, first_turn_ids(smol_tok, "Say hello."), 64)
+    assert 0 < len(answer) < 64 and answer[-1] in stops
+    assert not stops & set(answer[:-1])
