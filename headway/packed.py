@@ -1,6 +1,9 @@
-"""Pre-packed bf16 linear weights for CPU inference: the same oneDNN kernel without its per-call reorder.
+"""Pre-packed linear weights for CPU inference: oneDNN's kernel without a per-call reorder.
 
-    pack_linears(model)      # frozen bf16 model on a CPU: every nn.Linear keeps a packed copy of its weight
+    pack_linears(model)      # frozen model on a CPU: every nn.Linear keeps a packed copy of its weight
+
+What is packed depends on the CPU (`packing_available`): bf16 weights where oneDNN has bf16 kernels
+(AVX-512 or AMX), fp32 weights where it has none (an AVX2-only CPU, where `target.dtype: auto` is fp32).
 
 `F.linear` on a bf16 CPU tensor reorders (packs) the whole weight into oneDNN's blocked layout on every
 call; for the small row counts of decoding that reorder is most of the call. On the 2-core Xeon here
@@ -10,9 +13,16 @@ busy hour (memory bandwidth halved) 1.1-1.8x faster (`docs/results/2026-12-06-sm
 64-row batch: then every row count from 1 to 79 gives `F.linear`'s result to the bit (tested), so
 batch-1 decoding is unchanged; at some larger counts (96, 300, 512 ... for some shapes) oneDNN blocks
 differently and bf16 rounding can differ, as it does between any two batch shapes (the data generator's
-bf16 answers: 426 of 512 equal to the token, `docs/results/2026-12-06-smollm2/packed-weights/`). fp32 is
-never packed. torch.compile's CPU "freezing" packs a compiled graph the same way; this keeps the eager
-transformers model as it is.
+bf16 answers: 426 of 512 equal to the token, `docs/results/2026-12-06-smollm2/packed-weights/`).
+
+fp32 `F.linear` is MKL's sgemm, which packs nothing per call; but on a 2-core AVX2 AMD EPYC oneDNN's
+packed fp32 kernel was 1.4-2.8x faster at 17 rows (the lm_head over 1 row: 8.1 -> 3.3 ms; over 17:
+26.9 -> 9.7 ms; `docs/results/2026-12-06-smollm2/avx2/`). Its results differ from MKL's in the last
+bits, but they do not depend on the row count (1-99 rows give each row the same bits, tested), so a
+packed fp32 target verifies a tree with the numbers it decodes one token with. Where bf16 kernels exist,
+fp32 is not the default dtype and fp32 packing was not measured: it stays off there.
+torch.compile's CPU "freezing" packs a compiled graph the same way; this keeps the eager transformers
+model as it is.
 
 A packed layer falls back to `F.linear` whenever the packed copy may not apply: autograd wants the
 op (the input or the weight requires grad), the input's dtype or device is not the weight's, or the
@@ -30,7 +40,19 @@ PACK_ROWS = 64  # the batch-size hint oneDNN packs for; 64 keeps F.linear's resu
 
 
 def packing_available(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    """bf16 on a CPU with oneDNN bf16 kernels, fp32 on one without (see the module docstring)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return cpu_has_bf16_kernels()
+    return weight.dtype == torch.float32 and not cpu_has_bf16_kernels()
+
+
+def cpu_has_bf16_kernels() -> bool:
+    """Whether oneDNN has bf16 kernels on this CPU (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX). Without them
+    (an AVX2-only CPU) it refuses to pack a bf16 weight, and torch's fallback bf16 matmul is several times
+    slower than fp32."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -58,8 +80,8 @@ class PackedLinear(nn.Linear):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Give every bf16 CPU nn.Linear of `model` a packed weight; returns how many were packed (0 off a
-    bf16 CPU model, where there is nothing to gain)."""
+    """Give every CPU nn.Linear of `model` whose dtype `packing_available` admits a packed weight; returns
+    how many were packed (0 for a CUDA model, or one in the dtype this CPU does not pack)."""
     n = 0
     for module in model.modules():
         if type(module) in (nn.Linear, PackedLinear) and packing_available(module.weight):

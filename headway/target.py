@@ -25,7 +25,7 @@ import torch
 
 from headway.attention import use_gqa_sdpa
 from headway.config import TargetConfig
-from headway.packed import pack_linears
+from headway.packed import cpu_has_bf16_kernels, pack_linears
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,9 @@ def pick_dtype(spec: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "mps":
         return torch.float16
-    return torch.bfloat16  # measured faster than fp32 for SmolLM2 on CPU
+    # bf16 was measured faster than fp32 for SmolLM2 on an AVX-512/AMX Xeon; on an AVX2-only CPU torch's
+    # bf16 matmul has no oneDNN kernel and ran 2-7x slower than fp32 above one row (headway.packed).
+    return torch.bfloat16 if cpu_has_bf16_kernels() else torch.float32
 
 
 # ---------------------------------------------------------------- built-in target
