@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 class TargetConfig:
     # "smollm2-135m-instruct" (built in, prepared offline), a Hugging Face id, or a local folder.
     name: str = "smollm2-135m-instruct"
-    # auto: bf16 where supported (CUDA, and on CPU where it is faster), else fp32.
+    # auto: bf16 where supported (CUDA; a CPU with oneDNN bf16 kernels, where it is faster), else fp32.
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
@@ -170,7 +170,7 @@ class TrainConfig:
     grad_accum: int = 1
     max_seq_len: int = 2048
     grad_clip: float = 1.0
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "no"  # auto: bf16 where its matmuls are fast
     log_every: int = 10
     eval_every: int = 200
     save_every: int = 200

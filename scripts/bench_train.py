@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=3, help="batches per variant per round")
     p.add_argument("--rounds", type=int, default=2, help="timed rounds (after one warm-up round)")
-    p.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default=None, help="default: the recipe's")
+    p.add_argument("--mixed-precision", choices=["auto", "no", "bf16", "fp16"], default=None, help="default: the recipe's")
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides for the recipe")
     args = p.parse_args(argv)

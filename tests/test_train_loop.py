@@ -19,7 +19,7 @@ from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import MedusaObjective
 from headway.train.checkpoint import complete_checkpoints
 from headway.train.data_order import DataOrder
-from headway.train.loop import NonFiniteLossError, make_accelerator, train
+from headway.train.loop import NonFiniteLossError, make_accelerator, resolve_mixed_precision, train
 from headway.train.optim import cosine_with_warmup
 
 
@@ -205,6 +205,18 @@ def test_bf16_mixed_precision_trains_fp32_master_weights(tmp_path):
     assert all(math.isfinite(v) for v in result.val_metrics.values()), result.val_metrics
     fresh = MedusaHeads.from_target(target, num_heads=2, num_layers=1).state_dict()
     assert not torch.equal(fresh["blocks.0.layers.0.weight"], saved["blocks.0.layers.0.weight"])
+
+
+@pytest.mark.parametrize("bf16_kernels,expected", [(True, "bf16"), (False, "no")])
+def test_auto_mixed_precision_on_a_cpu_follows_its_bf16_kernels(monkeypatch, bf16_kernels, expected):
+    import headway.train.loop as loop
+
+    monkeypatch.setattr(loop, "cpu_has_bf16_kernels", lambda: bf16_kernels)
+    assert resolve_mixed_precision("auto", cpu=True) == expected
+    assert resolve_mixed_precision("bf16", cpu=True) == "bf16"  # asked for: given, fast or not
+    reset_accelerate()
+    assert make_accelerator(TrainConfig(mixed_precision="auto"), device="cpu").mixed_precision == expected
+    reset_accelerate()
 
 
 def test_wandb_tracker_runs_offline_without_login(tmp_path, monkeypatch):

@@ -40,6 +40,7 @@ from headway.data.dataset import default_collate, row_lengths, select_rows
 from headway.distributed import wants_cpu
 from headway.features import TargetFeatures
 from headway.memory import CreepBound, keep_freed_cpu_memory, peak_memory
+from headway.packed import cpu_has_bf16_kernels
 from headway.train.checkpoint import (
     TrainerState,
     check_holds_weights,
@@ -86,6 +87,16 @@ class TrainResult:
 # ---------------------------------------------------------------- setup
 
 
+def resolve_mixed_precision(spec: str, cpu: bool) -> str:
+    """`auto`: bf16 where bf16 matmuls are fast (CUDA with bf16; a CPU with oneDNN bf16 kernels), else "no".
+    On an AVX2-only CPU bf16 autocast would run every matmul 4-8x slower than fp32 (headway.packed)."""
+    if spec != "auto":
+        return spec
+    if cpu or not torch.cuda.is_available():
+        return "bf16" if cpu_has_bf16_kernels() else "no"
+    return "bf16" if torch.cuda.is_bf16_supported() else "no"
+
+
 def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False, device: str = "auto"):
     """An Accelerator for this run: precision and trackers from the YAML; devices from `accelerate launch`.
 
@@ -110,7 +121,7 @@ def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False, dev
         os.environ.setdefault("WANDB_SILENT", "true")
     return Accelerator(
         cpu=cpu,
-        mixed_precision=cfg.mixed_precision,
+        mixed_precision=resolve_mixed_precision(cfg.mixed_precision, cpu),
         gradient_accumulation_steps=cfg.grad_accum,
         step_scheduler_with_optimizer=False,  # stepped once per optimizer step, whatever the world size
         log_with=None if cfg.report_to == "none" else cfg.report_to,
