@@ -2,6 +2,7 @@
 
     with timed(device) as m: ...    # m.seconds, with the device's queued work finished at both ends
     with measure(device) as m: ...  # m.seconds and m.peak_bytes (samples RSS on CPU: benchmarks only)
+    per_call_us(lambda: f(x), n=100)  # a CPU micro-benchmark: mean microseconds per call after a warm-up
     totals = interleaved(runs, items, run)  # A/B: each item through every run back to back, order rotated
     print(*ab_table(totals, arms, kinds, "weights"), sep="\n")  # tokens/s per run; last arm over first
 """
@@ -46,6 +47,16 @@ def timed(device: torch.device):
     yield m
     sync(device)
     m.seconds = time.perf_counter() - t0
+
+
+def per_call_us(f: Callable[[], object], n: int = 100, warmup: int = 3) -> float:
+    """Mean wall microseconds of `f()` over n calls, after `warmup` untimed ones (CPU kernels)."""
+    for _ in range(warmup):
+        f()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        f()
+    return 1e6 * (time.perf_counter() - t0) / n
 
 
 @contextmanager

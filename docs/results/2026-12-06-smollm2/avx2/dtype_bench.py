@@ -12,6 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from headway.bench import per_call_us
 from headway.config import TargetConfig
 from headway.kv import crop
 from headway.packed import PACK_ROWS, cpu_has_bf16_kernels
@@ -19,12 +20,7 @@ from headway.target import load_target
 
 
 def bench(f, n):
-    for _ in range(3):
-        f()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    return 1e6 * (time.perf_counter() - t) / n
+    return per_call_us(f, n, warmup=3)
 
 
 def kernels():

@@ -5,19 +5,14 @@ microseconds per call and whether the results are equal to the bit.
     python docs/results/2026-12-06-smollm2/gqa-sdpa/attention_bench.py
 """
 
-import time
-
 import torch
 import torch.nn.functional as F
 
+from headway.bench import per_call_us
+
 
 def bench(f, n=200):
-    for _ in range(5):
-        f()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    return 1e6 * (time.perf_counter() - t) / n
+    return per_call_us(f, n, warmup=5)
 
 
 def variants(q, k, v, m):

@@ -4,22 +4,16 @@ engine's fp32 argmax: what one more call costs against one more row (inference/e
     python docs/results/2026-12-06-smollm2/gqa-sdpa/lm_head_bench.py
 """
 
-import time
-
 import torch
 
+from headway.bench import per_call_us
 from headway.config import load_config
 from headway.inference.engine import argmax
 from headway.target import load_target
 
 
-def bench(f, n=60):
-    for _ in range(5):
-        f()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    return 1000 * (time.perf_counter() - t) / n
+def bench(f, n=60):  # milliseconds
+    return per_call_us(f, n, warmup=5) / 1000
 
 
 model, _ = load_target(load_config("configs/smollm2-135m/eagle3.yaml", []).target)

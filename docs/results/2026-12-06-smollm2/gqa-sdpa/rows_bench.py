@@ -5,21 +5,15 @@ difference between the two.
     python docs/results/2026-12-06-smollm2/gqa-sdpa/rows_bench.py
 """
 
-import time
-
 import torch
 import torch.nn.functional as F
 
+from headway.bench import per_call_us
 from headway.kv import _rows_attention
 
 
 def bench(f, n=30):
-    for _ in range(3):
-        f()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    return 1e6 * (time.perf_counter() - t) / n
+    return per_call_us(f, n, warmup=3)
 
 
 dt = torch.bfloat16
