@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from headway.packed import cpu_has_bf16_kernels
+
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
@@ -121,6 +123,8 @@ def hardware(device: torch.device) -> str:
         return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
     model, flags = cpu_info()
     extras = [name for flag, name in (("avx512f", "AVX-512"), ("amx_tile", "AMX")) if flag in flags]
+    if not cpu_has_bf16_kernels():
+        extras.append("no oneDNN bf16 kernels")  # auto dtype fp32 (headway.target.pick_dtype)
     return ", ".join([model, f"{torch.get_num_threads()} threads", *extras])
 
 
