@@ -170,8 +170,9 @@ def test_real_target_fp32_greedy_equals_generate(smol_fp32, smol_tok):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_real_target_features_equal_a_fresh_forward(smol_fp32, smol_tok, dtype):
     """SmolLM2's states reach 2.5e4 (layer 14), so errors are relative: ||captured - fresh|| / ||fresh||.
-    Measured: fp32 <= 1e-6 (final normed state within 8e-5 absolute); bf16 <= 0.017 (layer 29 and the
-    final normed state), below how far a bf16 forward itself lies from fp32 (0.003-0.032)."""
+    Measured: fp32 <= 1.2e-6 (final normed state within 8e-5 absolute with MKL's fp32 matmul on a Xeon,
+    1.1e-4 with oneDNN's packed fp32 on an AVX2 EPYC, 6e-5 unpacked there); bf16 <= 0.017 (layer 29 and
+    the final normed state), below how far a bf16 forward itself lies from fp32 (0.003-0.032)."""
     from headway.config import TargetConfig
     from headway.data.features import data_feature_spec
     from headway.target import load_target
@@ -189,7 +190,7 @@ def test_real_target_features_equal_a_fresh_forward(smol_fp32, smol_tok, dtype):
             got, want = c.features[key].float(), t[0].float()
             assert got.shape == want.shape and (got - want).norm() / want.norm() <= bound, key
             if dtype == "float32" and key == "features.final_normed":
-                assert (got - want).abs().max() <= 1e-4
+                assert (got - want).abs().max() <= 2e-4
 
 
 def test_slot_cache_groups_grow_shrink_and_regroup_without_losing_a_slot():
