@@ -16,8 +16,8 @@ differently and bf16 rounding can differ, as it does between any two batch shape
 bf16 answers: 426 of 512 equal to the token, `docs/results/2026-12-06-smollm2/packed-weights/`).
 
 fp32 `F.linear` is MKL's sgemm, which packs nothing per call; but on a 2-core AVX2 AMD EPYC oneDNN's
-packed fp32 kernel was 1.4-2.8x faster at 17 rows (the lm_head over 1 row: 8.1 -> 3.3 ms; over 17:
-26.9 -> 9.7 ms; `docs/results/2026-12-06-smollm2/avx2/`). Its results differ from MKL's in the last
+packed fp32 kernel was 1.5-2.5x faster at 17 rows (the lm_head over 1 row: 9.5 -> 4.5 ms; over 17:
+26.1 -> 10.5 ms; dtype_bench.txt in `docs/results/2026-12-06-smollm2/avx2/`). Its results differ from MKL's in the last
 bits, but they do not depend on the row count (1-99 rows give each row the same bits: measured; 1-79 tested), so a
 packed fp32 target verifies a tree with the numbers it decodes one token with. Where bf16 kernels exist,
 fp32 is not the default dtype and fp32 packing was not measured: it stays off there.
