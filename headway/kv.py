@@ -107,7 +107,8 @@ class SlotCache(Cache):
     when rows of similar length share a group (the generator sorts them now and then, `select`). With
     `grouped` set (`decode_attention` is on) a decode step hands the attention the groups' buffers as
     lists; otherwise, and for a forward over some rows (a prefill), their slots 0..window - 1 gathered
-    into one tensor (a copy).
+    into one tensor (a copy), except when every row of the forward starts at slot 0 (new prompts): the
+    forward's own keys and values are then exactly those slots and go to the attention as they are.
     """
 
     def __init__(self, rows: int, capacity: int, group_rows: int = GROUP_ROWS):
@@ -120,6 +121,7 @@ class SlotCache(Cache):
         self.rows: torch.Tensor | None = None
         self.slots = torch.zeros(rows, 1, dtype=torch.long)
         self.window = 0
+        self.fresh = False
         self._writes: tuple | None = None  # (heads, caps) -> per group: (which written rows, flat slot index)
 
     def group_sizes(self) -> list[int]:
@@ -140,6 +142,8 @@ class SlotCache(Cache):
         self.rows = rows
         self.slots = starts[:, None] + torch.arange(n, device=starts.device)
         self.window = int(self.slots[:, -1].max()) + 1
+        # A prefill of new prompts only (every row from slot 0): its keys are the forward's own, no gather.
+        self.fresh = rows is not None and not bool(starts.any())
         self._writes = None
         row_ids = range(self.num_rows) if rows is None else rows.tolist()
         need: dict[int, int] = {}
@@ -235,6 +239,8 @@ class _SlotLayer(CacheLayerMixin):
                 buf.view(-1, buf.shape[-1]).index_copy_(0, flat, new.reshape(-1, new.shape[-1]))
         if o.rows is None and o.grouped:
             return self.keys, self.values  # the groups' own buffers: nothing copied
+        if o.fresh:  # rows' slots 0..n - 1 hold exactly these: skip zeroing and filling a gathered copy
+            return key_states, value_states
         row_ids = range(o.num_rows) if o.rows is None else o.rows.tolist()
         window = o.capacity if o.rows is None else o.window
         return self._gather(self.keys, row_ids, window), self._gather(self.values, row_ids, window)

@@ -225,8 +225,12 @@ def test_slot_cache_groups_grow_shrink_and_regroup_without_losing_a_slot():
             longest = max(lengths[k * 3 : k * 3 + n])
             assert layer.keys[k].shape[2] == cache.caps[k] and cache.caps[k] - longest < 2 * CAPACITY_STEP + 1
 
-    write([0, 2, 4], 200)  # prefills: groups 0 and 1 grow
+    keys, width = write([0, 2, 4], 200)  # prefills of new rows: groups 0 and 1 grow
+    assert width == 200 and torch.equal(keys, dense[[0, 2, 4], :, :200])  # the forward's own keys, not a gather
     write([1, 3, 5, 6], 10)
+    keys, width = write([0, 3], 5)  # a prefill continuing rows: their earlier slots gathered with the new ones
+    assert width == 205 and torch.equal(keys[1, :, :15], dense[3, :, :15]) and not keys[1, :, 15:].any()
+    assert torch.equal(keys[0], dense[0, :, :205])
     keys, width = write(list(range(rows)), 1)  # a decode step over every row
     assert width == max(cache.caps) and isinstance(keys, torch.Tensor)  # not grouped: one gathered tensor
     check()
