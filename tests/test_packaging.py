@@ -28,13 +28,37 @@ def _run(cmd, cwd, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def wheel_venv(tmp_path_factory):
+def wheel_build(tmp_path_factory):
+    """The built wheel and what the build printed."""
     tmp = tmp_path_factory.mktemp("wheel")
     # Build from a copy: setuptools writes build/ and *.egg-info next to the sources it builds.
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "__pycache__"))
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", src], tmp)
+    cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)]
+    res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"{cmd}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
     (wheel,) = (tmp / "dist").glob("headway-*.whl")
+    return wheel, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_wheel_ships_every_prompt_file_without_setuptools_warnings(wheel_build):
+    """Each folder of data/prompts is listed in pyproject.toml as a package with its files as package data:
+    an unlisted folder would be missing from the wheel (or, shipped by a glob, warned about by setuptools
+    once per folder at every install)."""
+    import zipfile
+
+    wheel, log = wheel_build
+    shipped = {n.removeprefix("headway/") for n in zipfile.ZipFile(wheel).namelist() if n.startswith("headway/data/prompts/")}
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "data" / "prompts").rglob("*") if p.is_file()}
+    assert shipped == on_disk, f"missing from the wheel: {sorted(on_disk - shipped)}; extra: {sorted(shipped - on_disk)}"
+    assert "Package would be ignored" not in log, "a data/prompts folder is missing from pyproject's packages"
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(wheel_build, tmp_path_factory):
+    wheel, _ = wheel_build
+    tmp = tmp_path_factory.mktemp("venv")
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], tmp)
     python = venv / "bin" / "python"
