@@ -21,10 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 COLLIDING = ("data", "train", "heads", "inference", "export")  # the folders installed as headway.*
 
 
-def _run(cmd, cwd, timeout=600):
+def _completed(cmd, cwd, timeout=600) -> subprocess.CompletedProcess:
     res = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert res.returncode == 0, f"{cmd}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
-    return res.stdout
+    return res
+
+
+def _run(cmd, cwd, timeout=600) -> str:
+    return _completed(cmd, cwd, timeout).stdout
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +38,7 @@ def wheel_build(tmp_path_factory):
     # Build from a copy: setuptools writes build/ and *.egg-info next to the sources it builds.
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "__pycache__"))
-    cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)]
-    res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, f"{cmd}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+    res = _completed([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", src], tmp)
     (wheel,) = (tmp / "dist").glob("headway-*.whl")
     return wheel, res.stdout + res.stderr
 
