@@ -227,6 +227,8 @@ def distill(
     generator = make_generator(model, g.batch_size, g.max_new_tokens, stop_token_ids(model, tok), sampling, capture, on_answer)
     generator.run(jobs)
     bar.close()
+    if getattr(generator, "reused_tokens", 0):  # the local generator: prompt prefixes its rows kept (the system turn)
+        log(f"prefills skipped {generator.reused_tokens} prompt tokens whose keys their row kept from its last conversation")
     state.wait_for_everyone()
     summary = None
     if state.is_main_process:

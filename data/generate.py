@@ -21,6 +21,12 @@ than SORT_GAIN, so short rows stop paying for long ones. New prompts and next tu
 padding writes garbage past the row's length, masked and later overwritten. Logits are computed only
 at each row's last position (the decoder, then lm_head on those hidden states).
 
+A finished row keeps its first KEEP_SLOTS tokens' keys and values where they are (and their features):
+the row's next prompt starts past the tokens it shares with them, at least MIN_REUSE. Chat prompts all
+begin with the template's system turn (24 of SmolLM2's tokens, about a sixth of the default mix's prompt
+tokens), and a Magpie writer's prompts are identical, so most prefills skip their first tokens. A
+token's keys depend only on the tokens before it, so the kept keys are the ones a fresh prefill would write.
+
 Greedy output equals `model.generate` on the prompt alone in fp32 (tested). In bf16 a batched forward
 rounds differently from a batch-1 one, so a token at a near-tie can differ. Sampling draws from a
 generator seeded per turn (`Turn.seed`): a row's samples do not depend on which rows share its batch.
@@ -49,6 +55,8 @@ PREFILL_TOKENS = 2048  # at most this many (padded) tokens per prefill forward (
 SORT_EVERY = 16  # decode steps between checks whether sorting the rows into groups pays
 SORT_GAIN = 0.15  # sort when it cuts a decode step's slot reads by more than this
 REFILL_FRACTION = 8  # refill once batch_size // this many rows are free: prefill several prompts per forward
+KEEP_SLOTS = 128  # a finished row keeps its first tokens' keys in its slots (and their features) for the next prompt
+MIN_REUSE = 8  # ... which reuses them from this many shared tokens (a prefill past slot 0 gathers its keys: a copy)
 
 
 @dataclass
@@ -86,6 +94,14 @@ class _Row:
     closing: bool = False  # feeding its last token for that token's features only
 
 
+@dataclass
+class _Kept:
+    """What a finished conversation leaves in its row's slots 0..len(tokens) - 1 for the row's next one."""
+
+    tokens: list[int]
+    feats: dict[str, torch.Tensor]  # feature key -> [len(tokens), h], on the model's device (empty: no capture)
+
+
 class Generator:
     def __init__(
         self,
@@ -113,6 +129,8 @@ class Generator:
         self.on_answer = on_answer  # called with each Answer (progress bars)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.reused_tokens = 0  # prompt tokens whose keys (and features) a row kept from its last conversation
+        self._kept: list[_Kept | None] = []
 
     # ------------------------------------------------------------ the loop
 
@@ -120,6 +138,7 @@ class Generator:
     def run(self, jobs: Iterable[Job]) -> None:
         queue: Iterator[Job] | None = iter(jobs)
         rows: list[_Row | None] = [None] * self.batch_size
+        self._kept = [None] * self.batch_size  # per row: what its last conversation left in its slots
         cache = SlotCache(self.batch_size, capacity=0, group_rows=GROUP_ROWS)
         since_sort = 0
         with decode_attention(self.model) as cache.grouped:
@@ -131,26 +150,29 @@ class Generator:
                         if job is None:
                             queue = None
                             break
-                        rows[i] = self._start(job, job.first_turn())
+                        rows[i], self._kept[i] = self._start(job, job.first_turn(), kept=self._kept[i]), None
                 if queue is None and None in rows:  # nothing left to refill with: drop the empty rows
                     keep = [i for i, r in enumerate(rows) if r is not None]
                     if not keep:
                         return
                     cache.select(torch.tensor(keep, device=self.device))
-                    rows = [rows[i] for i in keep]
+                    rows, self._kept = [rows[i] for i in keep], [self._kept[i] for i in keep]
                 prefill = [i for i, r in enumerate(rows) if r is not None and len(r.pending) > 1]
                 for group in _prefill_groups(prefill, [len(rows[i].pending) for i in prefill]):
                     self._advance(rows, group, self._feed(cache, rows, group))
                 if all(r is None or len(r.pending) == 1 for r in rows):  # None: a free row waiting for a refill
                     since_sort += 1
-                    order = _regroup_order([len(r.fed) + 1 if r else 1 for r in rows], cache.group_rows) if since_sort >= SORT_EVERY else None
+                    order = _regroup_order([self._start_slot(i, r) + 1 for i, r in enumerate(rows)], cache.group_rows) if since_sort >= SORT_EVERY else None
                     if order is not None:  # rows of similar length share a group: decode reads less padding
                         cache.select(torch.tensor(order, device=self.device))
-                        rows, since_sort = [rows[i] for i in order], 0
+                        rows, self._kept, since_sort = [rows[i] for i in order], [self._kept[i] for i in order], 0
                     everyone = list(range(len(rows)))
                     self._advance(rows, everyone, self._feed(cache, rows, None))
 
-    def _start(self, job: Job, turn: Turn, row: _Row | None = None) -> _Row:
+    def _start(self, job: Job, turn: Turn, row: _Row | None = None, kept: _Kept | None = None) -> _Row:
+        """The row for this turn: `row` continued (a next turn), or a new row, which starts past the
+        tokens it shares with what its slots `kept` from their last conversation (the chat template's
+        system turn, a Magpie writer's whole prompt): those keys are already in place."""
         if not turn.ids:
             raise ValueError("a turn's context is empty: every prompt needs at least one token")
         gen = None
@@ -160,18 +182,38 @@ class Generator:
         if row is not None and turn.ids[: len(row.fed)] == row.fed and len(turn.ids) > len(row.fed):
             row.pending, row.gen, row.answer = turn.ids[len(row.fed) :], gen, []  # the next turn extends the row
             return row
-        return _Row(job, list(turn.ids), gen)
+        ids = list(turn.ids)
+        n = 0 if kept is None else _shared(kept.tokens, ids, len(ids) - 1)  # at least one token to feed
+        if n < MIN_REUSE:
+            return _Row(job, ids, gen)
+        self.reused_tokens += n
+        return _Row(job, ids[n:], gen, fed=ids[:n], feats={key: [t[:n]] for key, t in kept.feats.items()})
+
+    def _start_slot(self, i: int, row: _Row | None) -> int:
+        """Where row i's next forward writes: past its fed tokens, or, while free, past what it keeps."""
+        if row is not None:
+            return len(row.fed)
+        kept = self._kept[i]
+        return 0 if kept is None else len(kept.tokens)
+
+    def _finish(self, rows: list[_Row | None], i: int, features: dict[str, torch.Tensor] | None) -> None:
+        """Row i's conversation is over: hand over its features, keep its first slots for the next one."""
+        row = rows[i]
+        row.job.done(None if features is None else {key: t.cpu() for key, t in features.items()})
+        n = min(len(row.fed), KEEP_SLOTS)
+        self._kept[i] = _Kept(row.fed[:n], {key: t[:n].clone() for key, t in (features or {}).items()})
+        rows[i] = None
 
     def _feed(self, cache: SlotCache, rows: list[_Row], idx: list[int] | None) -> torch.Tensor:
         """One forward over rows idx (None: every row, one token each); returns logits [R, V] (model dtype) at
         each row's last fed position."""
         sel = rows if idx is None else [rows[i] for i in idx]
         dev = self.device
-        # A free row (None) feeds a dummy token into its slot 0; its next prompt overwrites it.
+        # A free row (None) feeds a dummy token into the slot past what it keeps; its next prompt overwrites it.
         pending = [r.pending if r is not None else [0] for r in sel]
         n = max(len(p) for p in pending)
         ids = torch.tensor([p + p[-1:] * (n - len(p)) for p in pending], device=dev)
-        starts = torch.tensor([len(r.fed) if r is not None else 0 for r in sel], device=dev)
+        starts = torch.tensor([self._start_slot(i, r) for i, r in zip(idx or range(len(rows)), sel, strict=True)], device=dev)
         lengths = torch.tensor([len(p) for p in pending], device=dev)
         width = cache.plan(None if idx is None else torch.tensor(idx, device=dev), starts, n)
         pos = starts[:, None] + torch.arange(n, device=dev)
@@ -212,8 +254,7 @@ class Generator:
             if row is None:  # a free row's dummy token
                 continue
             if row.closing:  # its last token's features are in: the conversation is over
-                row.job.done(self._features(row))
-                rows[i] = None
+                self._finish(rows, i, {key: torch.cat(chunks) for key, chunks in row.feats.items()})
                 continue
             row.answer.append(t)
             row.pending = [t]
@@ -228,13 +269,16 @@ class Generator:
             elif self.capture is not None:
                 row.closing = True  # one more forward: the features of its last token
             else:
-                row.job.done(None)
-                rows[i] = None
+                self._finish(rows, i, None)
 
-    def _features(self, row: _Row) -> dict[str, torch.Tensor] | None:
-        if self.capture is None:
-            return None
-        return {key: torch.cat(chunks).cpu() for key, chunks in row.feats.items()}
+
+def _shared(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens a and b share, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
 
 
 def _regroup_order(lengths: list[int], group_rows: int) -> list[int] | None:

@@ -249,11 +249,13 @@ class _SlotLayer(CacheLayerMixin):
         """Rows `row_ids` (in that order) of the grouped buffers `bufs`, slots 0..window - 1, in one tensor
         [R, heads, window, D] (slots past a group's width are 0)."""
         g = self.owner.group_rows
-        out = bufs[0].new_zeros(len(row_ids), bufs[0].shape[1], window, bufs[0].shape[-1])
+        out = bufs[0].new_empty(len(row_ids), bufs[0].shape[1], window, bufs[0].shape[-1])
         for i, r in enumerate(row_ids):
             buf = bufs[r // g]
             width = min(window, buf.shape[2])
             out[i, :, :width] = buf[r % g, :, :width]
+            if width < window:  # masked, but must not be NaN: a masked score's weight is 0, and 0 * NaN is NaN
+                out[i, :, width:] = 0
         return out
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:

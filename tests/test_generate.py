@@ -108,6 +108,57 @@ def test_next_turns_continue_in_place_and_features_equal_a_fresh_forward(model, 
             assert (c.features[key] - t[0]).abs().max() <= 1e-4 * scale, key
 
 
+@pytest.fixture(scope="module")
+def shared_prompts(prompts):
+    """The prompts behind one 12-token prefix, as chat prompts share the template's system turn; two also
+    share a 20-token one, and two are the prefix plus one token (a row reusing all but its last token)."""
+    prefix = list(range(40, 52))
+    return [prefix + p for p in prompts] + [prefix + [7] * 8 + p for p in prompts[:2]] + [prefix + [9], prefix + [10]]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_refilled_rows_reuse_a_shared_prefix_and_answer_as_generate(model, shared_prompts, batch_size, grouping):
+    gen = Generator(model, batch_size, 12, EOS)
+    jobs = [Conversation(p, []) for p in shared_prompts]
+    gen.run(jobs)
+    for c in jobs:
+        ((ctx, answer),) = c.turns
+        assert answer == reference(model, ctx, 12), f"prompt of {len(ctx)} tokens"
+    refills = len(shared_prompts) - batch_size
+    assert gen.reused_tokens >= 12 * refills, "every refilled row skipped the shared prefix"
+
+
+def test_reused_prefix_features_equal_a_fresh_forward(model, shared_prompts, grouping):
+    convs = [Conversation(p, [[7, 8, 9]] if k % 2 else []) for k, p in enumerate(shared_prompts)]
+    gen = Generator(model, 3, 10, EOS, capture=SPEC)
+    gen.run(convs)
+    assert gen.reused_tokens > 0
+    fresh = OnlineFeatures(model, SPEC)
+    for c in convs:
+        for ctx, answer in c.turns:
+            assert answer == reference(model, ctx, 10)
+        x = torch.tensor([c.ids])
+        for key, t in fresh({"input_ids": x, "attention_mask": torch.ones_like(x)}).as_dict().items():
+            scale = max(1.0, float(t.abs().max()))
+            assert c.features[key].shape == t[0].shape
+            assert (c.features[key] - t[0]).abs().max() <= 1e-4 * scale, key
+
+
+def test_a_row_reuses_only_what_it_shares():
+    from headway.data.generate import MIN_REUSE, _Kept, _shared
+
+    assert _shared([1, 2, 3, 4], [1, 2, 9], 10) == 2
+    assert _shared([1, 2, 3], [1, 2, 3, 4], 10) == 3
+    assert _shared([1, 2, 3], [1, 2, 3], 2) == 2, "the last prompt token is always fed: its logits start the answer"
+    gen = Generator(tiny_llama(vocab_size=64, hidden_size=64, num_layers=1, seed=0), 1, 4, EOS)
+    kept = _Kept(list(range(20)), {"f": torch.arange(20.0)[:, None]})
+    row = gen._start(None, Turn(list(range(15)) + [60, 61]), kept=kept)
+    assert row.fed == list(range(15)) and row.pending == [60, 61] and row.feats["f"][0].flatten().tolist() == list(range(15))
+    short = gen._start(None, Turn(list(range(MIN_REUSE - 1)) + [60]), kept=kept)
+    assert short.fed == [] and len(short.pending) == MIN_REUSE, "too little shared: a plain prefill from slot 0"
+    assert gen.reused_tokens == 15
+
+
 def test_sampling_depends_on_the_turns_seed_not_on_the_batch(model, prompts, grouping):
     def run(batch_size, order, seeds):
         convs = {k: Conversation(prompts[k], [[5, 6]], seed=seeds[k]) for k in order}
@@ -181,7 +232,9 @@ def test_real_target_features_equal_a_fresh_forward(smol_fp32, smol_tok, dtype):
     spec = data_feature_spec(["medusa", "eagle", "eagle3"], 30)
     follow = smol_tok("<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     convs = [Conversation(p, [follow]) for p in spec_bench_prompts(smol_tok)[:3]]
-    Generator(model, 2, 16, {2}, capture=spec).run(convs)
+    gen = Generator(model, 2, 16, {2}, capture=spec)
+    gen.run(convs)
+    assert gen.reused_tokens >= 24, "the third conversation's row kept the chat template's system turn"
     fresh = OnlineFeatures(model, spec)
     bound = 1e-5 if dtype == "float32" else 0.03
     for c in convs:
@@ -234,6 +287,11 @@ def test_slot_cache_groups_grow_shrink_and_regroup_without_losing_a_slot():
     keys, width = write(list(range(rows)), 1)  # a decode step over every row
     assert width == max(cache.caps) and isinstance(keys, torch.Tensor)  # not grouped: one gathered tensor
     check()
+    wide = max(cache.caps) + CAPACITY_STEP  # past every group's width: those slots read as 0, never as old memory
+    del_me = torch.full((rows, heads, wide, dim), float("nan"))  # freed at once: the gather's buffer may reuse it
+    del del_me
+    got = layer._gather(layer.keys, range(rows), wide)
+    assert not got.isnan().any() and all(not got[r, :, cache.caps[r // 3] :].any() for r in range(rows))
     for _ in range(3):
         write(list(range(rows)), 1)
     order = sorted(range(rows), key=lambda r: lengths[r])  # regroup: long rows together
