@@ -25,7 +25,9 @@ A finished row keeps its first KEEP_SLOTS tokens' keys and values where they are
 the row's next prompt starts past the tokens it shares with them, at least MIN_REUSE. Chat prompts all
 begin with the template's system turn (24 of SmolLM2's tokens, about a sixth of the default mix's prompt
 tokens), and a Magpie writer's prompts are identical, so most prefills skip their first tokens. A
-token's keys depend only on the tokens before it, so the kept keys are the ones a fresh prefill would write.
+token's keys depend only on the tokens before it, so the kept keys are those a fresh prefill would write
+(up to rounding: the prompt's later tokens read them through a gathered copy; answers and features are
+tested against a fresh forward in fp32).
 
 Greedy output equals `model.generate` on the prompt alone in fp32 (tested). In bf16 a batched forward
 rounds differently from a batch-1 one, so a token at a near-tie can differ. Sampling draws from a
