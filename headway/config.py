@@ -237,6 +237,10 @@ class InferenceConfig:
     max_budget: int = 127  # largest tree tree_budget: auto may choose
     typical_threshold: float = 0.09  # Medusa typical acceptance (not lossless)
     typical_alpha: float = 0.3
+    # int8 drafter weights on a CPU (headway/int8.py): a draft forward reads a quarter of fp32's bytes. The
+    # target verifies with its own weights, so outputs are unchanged; acceptance may move (measure it).
+    # Nothing is quantised on CUDA, nor for layer_skip (its layers are the target's).
+    draft_quantization: Literal["none", "int8"] = "none"
 
 
 @dataclass

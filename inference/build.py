@@ -32,6 +32,7 @@ from headway.inference.trees import (
     load_accuracies,
     load_paths,
 )
+from headway.int8 import quantize_drafter
 from headway.packed import pack_linears
 from headway.sampling import SamplingParams
 from headway.target import stop_token_ids
@@ -64,6 +65,8 @@ def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | 
     dtype = next(target.parameters()).dtype
     notes = []
     if layer_skip:
+        if inf.draft_quantization != "none":
+            notes.append("draft_quantization ignored for layer-skip: its layers are the target's own")
         return (
             ModelDrafter(make_layer_skip(target, layer_skip), inf.children),
             target,
@@ -88,6 +91,7 @@ def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | 
                     pack_linears(target)  # the merge changed the weights in place, unseen by their packed copies
                 notes.append("Medusa-2: LoRA merged into the target; outputs are the adapted model's")
         heads = heads.to(dtype=dtype).eval()
+        _quantize(heads, inf.draft_quantization, notes)
         if cfg.target.pack_weights:
             pack_linears(heads)
         return MedusaDrafter(heads, inf.children), target, "medusa", heads.config.num_heads, notes
@@ -104,12 +108,20 @@ def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | 
         else:
             d = load_eagle(checkpoint, target)
         d = d.to(dtype=dtype).eval()
+        _quantize(d, inf.draft_quantization, notes)
         if cfg.target.pack_weights:
             pack_linears(d)
         return EagleTreeDrafter(d, inf.children), target, f"eagle{d.config.version}", None, notes
     raise ValueError(
         f"{cfg.source_file}: the recipe has neither a medusa: nor an eagle: section; nothing to draft with"
     )
+
+
+def _quantize(drafter, kind: str, notes: list[str]) -> None:
+    """inference.draft_quantization: the drafter's own linears only (the target's shared parts are not its submodules)."""
+    if kind == "int8":
+        n = quantize_drafter(drafter)
+        notes.append(f"int8 drafter weights ({n} linears)" if n else "draft_quantization int8: no CPU int8 kernel for this drafter; weights kept")
 
 
 MODES = ("drafter", "lookup", "fused")

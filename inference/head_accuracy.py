@@ -56,12 +56,21 @@ def is_eagle_folder(folder: Path) -> bool:
     return isinstance(own, dict) and own.get("format") == FORMAT
 
 
-def medusa_scorer(ckpt: Path, target):
+def _quantized(drafter, kind: str):
+    """inference.draft_quantization, as the engine applies it: what int8 weights do to accuracy, measured."""
+    if kind == "int8":
+        from headway.int8 import quantize_drafter
+
+        quantize_drafter(drafter)
+    return drafter
+
+
+def medusa_scorer(ckpt: Path, target, quantization: str = "none"):
     """(target to read features from, FeatureSpec, depth, score(batch, feats, topk) -> per depth (hits [B, k], n [B]))."""
     from headway.heads.medusa import MedusaHeads
     from headway.heads.medusa_loss import topk_hits
 
-    heads = MedusaHeads.from_pretrained(ckpt, target=target)
+    heads = _quantized(MedusaHeads.from_pretrained(ckpt, target=target), quantization)
     if (ckpt / "lora" / "adapter_config.json").is_file():  # Medusa-2: the heads read the adapted target
         from peft import PeftModel
 
@@ -77,21 +86,21 @@ def medusa_scorer(ckpt: Path, target):
             for k in range(heads.config.num_heads)
         ]
 
-    info = {"head": "medusa", "draft_vocab_size": heads.config.out_size}
+    info = {"head": "medusa", "draft_vocab_size": heads.config.out_size, "draft_quantization": quantization}
     return target, FeatureSpec(final_normed=True), heads.config.num_heads, score, info
 
 
-def eagle_scorer(ckpt: Path, target, depth: int, pad_id: int):
+def eagle_scorer(ckpt: Path, target, depth: int, pad_id: int, quantization: str = "none"):
     from headway.heads.eagle import load_drafter
     from headway.inference.unrolled_accuracy import eagle_topk_hits
 
-    drafter = load_drafter(ckpt, target).eval()
+    drafter = _quantized(load_drafter(ckpt, target).eval(), quantization)
 
     def score(batch, feats, topk):
         return eagle_topk_hits(drafter, feats, batch, depth, topk, pad_id)
 
     c = drafter.config
-    info = {"head": f"eagle{c.version}", "draft_vocab_size": c.draft_vocab_size or c.vocab_size}
+    info = {"head": f"eagle{c.version}", "draft_vocab_size": c.draft_vocab_size or c.vocab_size, "draft_quantization": quantization}
     return target, drafter.feature_spec(), depth, score, info
 
 
@@ -117,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = run_config(args)
     target, tok = load_target(cfg.target)
     ckpt = Path(args.checkpoint)
+    quant = cfg.inference.draft_quantization  # e.g. inference.draft_quantization=int8 with --config
     if is_eagle_folder(ckpt):
         unroll = cfg.eagle.unroll_steps if cfg.eagle is not None else 1
         depth = args.depth or max(cfg.inference.depth, unroll)
-        target, spec, depth, score, info = eagle_scorer(ckpt, target, depth, tok.pad_token_id or 0)
+        target, spec, depth, score, info = eagle_scorer(ckpt, target, depth, tok.pad_token_id or 0, quant)
     else:
-        target, spec, depth, score, info = medusa_scorer(ckpt, target)
+        target, spec, depth, score, info = medusa_scorer(ckpt, target, quant)
     features = OnlineFeatures(target, spec)
     data_dir = args.dataset_dir or cfg.train.dataset_dir or cfg.data.output_dir
     rows = load_distilled(data_dir)[args.split]

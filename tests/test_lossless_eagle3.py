@@ -20,6 +20,7 @@ from lossless_common import (  # noqa: F401 (fixture)
 from headway.heads.eagle import Eagle3Drafter
 from headway.inference.drafters import EagleTreeDrafter
 from headway.inference.trees import TreeSpec, default_tree
+from headway.int8 import Int8Linear, quantize_drafter
 
 pytestmark = pytest.mark.real_target
 
@@ -51,3 +52,12 @@ def test_eagle3_fused_with_lookup_greedy_is_lossless(smol_fp32, case):
     drafter = fused(eagle, SPECS["dynamic"])
     check_lossless(smol_fp32, drafter, SPECS["dynamic"], ids, refs, 4, min_accepted=MIN_ACCEPTED["dynamic"])
     check_fused(drafter)
+
+
+def test_eagle3_int8_drafter_greedy_is_lossless(smol_fp32, case):
+    """int8 drafter weights (inference.draft_quantization) change what is drafted, never the output."""
+    ids, refs = case
+    d = echo_drafter(Eagle3Drafter.from_target(smol_fp32, vocab=recipe_vocab()))
+    assert quantize_drafter(d) == 8  # q/k/v/o, gate/up/down, lm_head (not fc)
+    assert not any(isinstance(m, Int8Linear) for m in smol_fp32.modules())
+    check_lossless(smol_fp32, EagleTreeDrafter(d), SPECS["dynamic"], ids, refs, 4, min_accepted=MIN_ACCEPTED["dynamic"])

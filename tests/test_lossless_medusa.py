@@ -10,6 +10,7 @@ from lossless_common import check_lossless, one_thread, plain_greedy, prompts, r
 from headway.heads.medusa import MedusaHeads
 from headway.inference.drafters import MedusaDrafter
 from headway.inference.trees import TreeSpec, default_tree
+from headway.int8 import quantize_linears
 
 pytestmark = pytest.mark.real_target
 
@@ -33,3 +34,11 @@ def test_medusa_greedy_is_lossless(smol_fp32, case, tree, batch):
     ids, refs = case
     drafter = MedusaDrafter(MedusaHeads.from_target(smol_fp32, num_heads=4, vocab=recipe_vocab(4096)))
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=MIN_ACCEPTED[tree])
+
+
+def test_medusa_int8_heads_greedy_is_lossless(smol_fp32, case):
+    """int8 head weights (inference.draft_quantization) change what is drafted, never the output."""
+    ids, refs = case
+    heads = MedusaHeads.from_target(smol_fp32, num_heads=4, vocab=recipe_vocab(4096))
+    assert quantize_linears(heads) == 8  # 4 blocks, 4 lm_heads
+    check_lossless(smol_fp32, MedusaDrafter(heads), SPECS["static"], ids, refs, 4, min_accepted=MIN_ACCEPTED["static"])
