@@ -1,6 +1,6 @@
 """int8 drafter weights for CPU inference: a draft forward reads a quarter of its fp32 bytes.
 
-    quantize_drafter(drafter)   # inference.draft_quantization: int8; every CPU nn.Linear of a frozen
+    quantize_drafter(drafter, "int8")   # inference.draft_quantization; every CPU nn.Linear of a frozen
                                 # drafter but those it names in `unquantized_linears` gets an int8 copy
 
 A draft forward at batch 1 is bound by memory bandwidth: it reads every weight of the drafter (EAGLE-3
@@ -30,6 +30,8 @@ import warnings
 
 import torch
 from torch import nn
+
+from headway.packed import PackedLinear
 
 # Activations are quantised to 7 bits: x86 int8 kernels without VNNI (AVX2) add pairs of u8 x s8
 # products in 16 bits, which 8-bit activations can overflow. torch's own dynamic qconfig for x86 does the same.
@@ -92,11 +94,9 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...] = ()) -> int:
     """Give every CPU nn.Linear of `model` an int8 copy of its weight, except those whose name ends with
     one of `skip`; returns how many (0 on CUDA). Call it before headway.packed.pack_linears: a quantised
     layer is no longer packed."""
-    from headway.packed import PackedLinear
-
     n = 0
     for name, module in model.named_modules():
-        if name.endswith(skip) and skip:
+        if name.endswith(skip):  # an empty tuple matches nothing
             continue
         if type(module) in (nn.Linear, PackedLinear, Int8Linear) and int8_available(module.weight):
             module.__class__ = Int8Linear
@@ -105,7 +105,10 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...] = ()) -> int:
     return n
 
 
-def quantize_drafter(drafter: nn.Module) -> int:
-    """quantize_linears for a drafter, leaving the linears it names in `unquantized_linears`: those
-    whose input carries outliers that int8 activations, one scale per call, cannot hold."""
+def quantize_drafter(drafter: nn.Module, kind: str = "int8") -> int:
+    """inference.draft_quantization `kind` ("none" or "int8") applied to a drafter: quantize_linears, leaving
+    the linears it names in `unquantized_linears` (inputs with outliers that one activation scale per call
+    cannot hold). Returns how many were quantised."""
+    if kind == "none":
+        return 0
     return quantize_linears(drafter, tuple(getattr(drafter, "unquantized_linears", ())))

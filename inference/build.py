@@ -119,8 +119,8 @@ def load_drafter(cfg: Config, checkpoint: str | None, target, layer_skip: int | 
 
 def _quantize(drafter, kind: str, notes: list[str]) -> None:
     """inference.draft_quantization: the drafter's own linears only (the target's shared parts are not its submodules)."""
-    if kind == "int8":
-        n = quantize_drafter(drafter)
+    if kind != "none":
+        n = quantize_drafter(drafter, kind)
         notes.append(f"int8 drafter weights ({n} linears)" if n else "draft_quantization int8: no CPU int8 kernel for this drafter; weights kept")
 
 

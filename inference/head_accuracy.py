@@ -31,6 +31,7 @@ from headway.config import Config, from_dict, load_config
 from headway.data.dataset import default_collate, load_distilled, select_rows
 from headway.data.features import OnlineFeatures
 from headway.features import FeatureSpec
+from headway.int8 import quantize_drafter
 from headway.target import load_target
 from headway.train.data_order import DataOrder
 
@@ -56,21 +57,13 @@ def is_eagle_folder(folder: Path) -> bool:
     return isinstance(own, dict) and own.get("format") == FORMAT
 
 
-def _quantized(drafter, kind: str):
-    """inference.draft_quantization, as the engine applies it: what int8 weights do to accuracy, measured."""
-    if kind == "int8":
-        from headway.int8 import quantize_drafter
-
-        quantize_drafter(drafter)
-    return drafter
-
-
 def medusa_scorer(ckpt: Path, target, quantization: str = "none"):
     """(target to read features from, FeatureSpec, depth, score(batch, feats, topk) -> per depth (hits [B, k], n [B]))."""
     from headway.heads.medusa import MedusaHeads
     from headway.heads.medusa_loss import topk_hits
 
-    heads = _quantized(MedusaHeads.from_pretrained(ckpt, target=target), quantization)
+    heads = MedusaHeads.from_pretrained(ckpt, target=target)
+    quantize_drafter(heads, quantization)  # as the engine runs them: what int8 does to accuracy
     if (ckpt / "lora" / "adapter_config.json").is_file():  # Medusa-2: the heads read the adapted target
         from peft import PeftModel
 
@@ -94,7 +87,8 @@ def eagle_scorer(ckpt: Path, target, depth: int, pad_id: int, quantization: str 
     from headway.heads.eagle import load_drafter
     from headway.inference.unrolled_accuracy import eagle_topk_hits
 
-    drafter = _quantized(load_drafter(ckpt, target).eval(), quantization)
+    drafter = load_drafter(ckpt, target).eval()
+    quantize_drafter(drafter, quantization)
 
     def score(batch, feats, topk):
         return eagle_topk_hits(drafter, feats, batch, depth, topk, pad_id)
