@@ -31,7 +31,7 @@ import warnings
 import torch
 from torch import nn
 
-from headway.packed import PackedLinear
+from headway.packed import PackedLinear, copy_applies, weight_stamp
 
 # Activations are quantised to 7 bits: x86 int8 kernels without VNNI (AVX2) add pairs of u8 x s8
 # products in 16 bits, which 8-bit activations can overflow. torch's own dynamic qconfig for x86 does the same.
@@ -69,14 +69,8 @@ def _int8_linear(x: torch.Tensor, packed) -> torch.Tensor:
 
 
 def _int8_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    w = self.weight
-    if (
-        x.device.type != "cpu"
-        or w._version != self._int8_version
-        or w.data_ptr() != self._int8_ptr
-        or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-    ):
-        return nn.functional.linear(x, w, self.bias)
+    if x.device.type != "cpu" or not copy_applies(x, self.weight, self._int8_stamp):
+        return nn.functional.linear(x, self.weight, self.bias)
     return _int8_linear(x, self._int8_packed)
 
 
@@ -87,7 +81,7 @@ class Int8Linear(nn.Linear):
 
     def quantize(self) -> None:
         self._int8_packed = _prepack(self.weight, self.bias)
-        self._int8_version, self._int8_ptr = self.weight._version, self.weight.data_ptr()
+        self._int8_stamp = weight_stamp(self.weight)
 
 
 def quantize_linears(model: nn.Module, skip: tuple[str, ...] = ()) -> int:

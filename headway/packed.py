@@ -55,15 +55,22 @@ def cpu_has_bf16_kernels() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def weight_stamp(w: torch.Tensor) -> tuple[int, int]:
+    """What moves when a weight changes: its version counter (an optimizer step, `load_state_dict`) and its
+    storage (`.to()` another device or dtype)."""
+    return w._version, w.data_ptr()
+
+
+def copy_applies(x: torch.Tensor, w: torch.Tensor, stamp: tuple[int, int]) -> bool:
+    """Whether a copy of `w` made when its `weight_stamp` was `stamp` may stand in for it in a linear over
+    `x`: the weight has not changed since, and autograd does not want the op. PackedLinear and
+    headway.int8.Int8Linear both ask this before using their copy."""
+    return weight_stamp(w) == stamp and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+
+
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
-    if (
-        x.dtype != w.dtype
-        or x.device != w.device
-        or w._version != self._packed_version
-        or w.data_ptr() != self._packed_ptr
-        or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-    ):
+    if x.dtype != w.dtype or x.device != w.device or not copy_applies(x, w, self._packed_stamp):
         return nn.functional.linear(x, w, self.bias)
     return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
 
@@ -76,7 +83,7 @@ class PackedLinear(nn.Linear):
     def repack(self) -> None:
         with torch.no_grad():
             self._packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS)
-        self._packed_version, self._packed_ptr = self.weight._version, self.weight.data_ptr()
+        self._packed_stamp = weight_stamp(self.weight)
 
 
 def pack_linears(model: nn.Module) -> int:

@@ -14,7 +14,8 @@ from headway.int8 import Int8Linear, int8_available, quantize_linears
 from headway.packed import PackedLinear
 from tests.tiny_models import tiny_llama
 
-pytestmark = pytest.mark.skipif(not int8_available(torch.ones(1)), reason="this torch has no CPU int8 linear")
+# Tests that run the int8 kernel; the one for a torch without it (the last) runs everywhere.
+needs_int8 = pytest.mark.skipif(not int8_available(torch.ones(1)), reason="this torch has no CPU int8 linear")
 
 
 def _linear(n_in=576, n_out=1536, bias=False, seed=0):
@@ -22,6 +23,7 @@ def _linear(n_in=576, n_out=1536, bias=False, seed=0):
     return nn.Linear(n_in, n_out, bias=bias).requires_grad_(False)
 
 
+@needs_int8
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 576), (8, 576), (3, 7, 576)])
 def test_int8_linear_is_close_to_linear(shape, bias):
@@ -37,6 +39,7 @@ def test_int8_linear_is_close_to_linear(shape, bias):
     assert 1e-4 < rel < 0.04, rel
 
 
+@needs_int8
 def test_int8_linear_keeps_the_weight_and_its_dtype():
     lin = _linear().to(torch.bfloat16)
     before = {k: v.clone() for k, v in lin.state_dict().items()}
@@ -46,6 +49,7 @@ def test_int8_linear_keeps_the_weight_and_its_dtype():
         assert lin(torch.randn(2, 576, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
+@needs_int8
 def test_int8_linear_falls_back_where_the_copy_may_not_apply():
     lin = _linear(bias=True)
     quantize_linears(lin)
@@ -66,6 +70,7 @@ def test_int8_linear_falls_back_where_the_copy_may_not_apply():
         assert not torch.equal(lin(x), nn.functional.linear(x, lin.weight, lin.bias))
 
 
+@needs_int8
 def test_packing_leaves_int8_layers_alone():
     from headway.packed import pack_linears, packing_available
 
@@ -84,6 +89,7 @@ def _target_linear_types(target) -> set[type]:
     return {type(m) for m in target.modules() if isinstance(m, nn.Linear)}
 
 
+@needs_int8
 @pytest.mark.parametrize("recipe", ["medusa", "eagle3"])
 def test_draft_quantization_quantises_only_the_drafter(recipe):
     target = tiny_llama(num_layers=4)
@@ -97,6 +103,7 @@ def test_draft_quantization_quantises_only_the_drafter(recipe):
     assert any(n.startswith("int8 drafter weights") for n in notes), notes
 
 
+@needs_int8
 def test_layer_skip_is_never_quantised():
     """Its layers are the target's own: quantising them would change the verifier, so the outputs."""
     target = tiny_llama(num_layers=4)
@@ -104,3 +111,22 @@ def test_layer_skip_is_never_quantised():
     assert method == "layer-skip-2"
     assert Int8Linear not in _target_linear_types(verifier)
     assert any("ignored for layer-skip" in n for n in notes), notes
+
+
+def test_a_torch_without_the_int8_api_quantises_nothing(monkeypatch):
+    """torch has deprecated its quantised-tensor API (pytorch#184982). Where it is gone, int8 is off: the
+    drafter keeps its weights and the report's notes say why, instead of a crash at load."""
+    import headway.int8 as int8
+
+    monkeypatch.delattr(torch, "quantize_per_channel")
+    int8._kernel_runs.cache_clear()
+    try:
+        assert not int8_available(torch.ones(1))
+        lin = _linear()
+        assert quantize_linears(lin) == 0 and type(lin) is nn.Linear
+        drafter, *_, notes = load_drafter(_cfg("medusa"), None, tiny_llama(num_layers=4))
+        assert Int8Linear not in {type(m) for m in drafter.heads.modules()}
+        assert any("no CPU int8 kernel" in n for n in notes), notes
+    finally:
+        monkeypatch.undo()
+        int8._kernel_runs.cache_clear()
