@@ -37,6 +37,20 @@ class LossOutput:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # scalars for logging (detached)
 
 
+def count_key(metric: str) -> str | None:
+    """The metric holding the count that `metric` is a batch's mean over, by the objectives' names:
+    Medusa's `head{k}/top1` and `head{k}/loss` are over `head{k}/positions`, EAGLE's `acc_step{i}`,
+    `ce_step{i}` and `in_vocab_step{i}` over `pairs_step{i}`. The training loop's validation weights each
+    batch's mean by it, so a short batch counts for its positions, not as much as a full one."""
+    head, sep, name = metric.partition("/")
+    if sep and head.startswith("head") and head[4:].isdigit():
+        return None if name == "positions" else f"{head}/positions"
+    kind, sep, step = metric.rpartition("_step")
+    if sep and step.isdigit() and kind in ("acc", "ce", "in_vocab"):
+        return f"pairs_step{step}"
+    return None
+
+
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     """x[:, t + n] at t (dim 1), `fill` past the end: aligns position t with what it predicts."""
     if n == 0:

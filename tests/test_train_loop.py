@@ -18,7 +18,7 @@ from headway.heads.base import LossOutput
 from headway.heads.medusa import MedusaHeads
 from headway.heads.medusa_loss import MedusaObjective
 from headway.train.checkpoint import complete_checkpoints
-from headway.train.data_order import DataOrder
+from headway.train.data_order import DataOrder, eval_batches
 from headway.train.loop import NonFiniteLossError, make_accelerator, resolve_mixed_precision, train
 from headway.train.optim import cosine_with_warmup
 
@@ -118,6 +118,32 @@ def test_validation_and_train_metrics_are_logged(tmp_path):
     assert summary["step"] == 6 and "val/head1/top1" in summary
 
 
+def test_validation_accuracy_is_over_all_positions(tmp_path):
+    """The 4 validation rows go in batches of 3 and 1: each batch's top-1 counts for its positions, so the
+    figure equals the hits over all positions (as head_accuracy scores them), not a mean of batch ratios."""
+    from headway.data.dataset import collate
+
+    target = tiny_llama(vocab_size=128, hidden_size=32)
+    rows = synthetic_rows(10, 128)
+    objective = MedusaObjective(MedusaHeads.from_target(target, num_heads=2, num_layers=1))
+    result = _run(tmp_path, target, rows, objective=objective, eval_every=0, save_every=0)
+    online = OnlineFeatures(target, FeatureSpec(final_normed=True))
+    objective.eval()
+    hits, positions, ratios = {1: 0.0, 2: 0.0}, {1: 0.0, 2: 0.0}, {1: [], 2: []}
+    with torch.no_grad():
+        for i in range(4):  # one row at a time
+            batch = collate([rows[i]], pad_id=2, max_len=48)
+            m = objective.training_loss(batch, online(batch)).metrics
+            for k in (1, 2):
+                n = float(m[f"head{k}/positions"])
+                hits[k] += float(m[f"head{k}/top1"]) * n
+                positions[k] += n
+                ratios[k].append(float(m[f"head{k}/top1"]))
+    for k in (1, 2):
+        assert result.val_metrics[f"val/head{k}/top1"] == pytest.approx(hits[k] / positions[k], abs=1e-6)
+    assert result.val_metrics["val/head1/positions"] == pytest.approx(positions[1] / 2)  # counts: per batch
+
+
 def test_data_order_splits_ranks_and_is_deterministic():
     lengths = [5 + (i * 7) % 23 for i in range(21)]
     r0 = DataOrder(lengths, batch_size=2, world_size=2, rank=0, seed=1)
@@ -132,6 +158,16 @@ def test_data_order_splits_ranks_and_is_deterministic():
     # length grouping: rows in a batch have similar lengths
     spread = [max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in b0]
     assert sum(spread) / len(spread) < 8
+
+
+@pytest.mark.parametrize("n_rows", [1, 4, 7, 12])
+def test_eval_batches_hold_every_row_once_in_step_across_ranks(n_rows):
+    lengths = [(i * 7) % 11 + 1 for i in range(n_rows)]
+    per_rank = [eval_batches(lengths, batch_size=3, world_size=2, rank=r) for r in (0, 1)]
+    assert len(per_rank[0]) == len(per_rank[1])  # the same number of forwards on every rank
+    rows = [i for batches in per_rank for b in batches for i in b]
+    assert sorted(rows) == list(range(n_rows))  # no wrap-around: no row twice, none left out
+    assert all(len(b) <= 3 for batches in per_rank for b in batches)
 
 
 def test_cosine_schedule_shape():

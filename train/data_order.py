@@ -2,6 +2,7 @@
 
     order = DataOrder(lengths, batch_size=8, world_size=2, rank=0, seed=0)
     order.batches(epoch=0)      # this rank's micro-batches (lists of row indices) for epoch 0
+    eval_batches(lengths, batch_size=8, world_size=2, rank=0)   # validation: every row once
 
 Every epoch is a fresh permutation. Each global batch (batch_size x world_size rows) is split into
 contiguous per-rank slices, so ranks never share a row within an epoch; the last global batch wraps
@@ -70,3 +71,13 @@ class DataOrder:
             global_batches = [global_batches[i] for i in perm]
         lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         return [b[lo:hi] for b in global_batches]
+
+
+def eval_batches(lengths: Sequence[int], batch_size: int, world_size: int = 1, rank: int = 0) -> list[list[int]]:
+    """Validation's batches for one rank: every row exactly once (no wrap-around: a repeated row would
+    count twice in the metrics), longest first for little padding, global batches split across ranks as
+    in training. Every rank gets the same number of batches, so collectives in a forward stay in step;
+    a rank's share of the last one may be empty (the loop then runs a forward that counts for nothing)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    gb, lo, hi = batch_size * world_size, rank * batch_size, (rank + 1) * batch_size
+    return [order[s : s + gb][lo:hi] for s in range(0, len(order), gb)]

@@ -39,6 +39,7 @@ from headway.config import TrainConfig
 from headway.data.dataset import default_collate, row_lengths, select_rows
 from headway.distributed import wants_cpu
 from headway.features import TargetFeatures
+from headway.heads.base import count_key
 from headway.memory import CreepBound, keep_freed_cpu_memory, peak_memory
 from headway.packed import cpu_has_bf16_kernels
 from headway.train.checkpoint import (
@@ -55,7 +56,7 @@ from headway.train.checkpoint import (
     trainable_signature,
     write_state,
 )
-from headway.train.data_order import DataOrder
+from headway.train.data_order import DataOrder, eval_batches
 from headway.train.optim import build_optimizer, build_scheduler, default_param_groups
 from headway.train.resume import (
     applied_note,
@@ -374,18 +375,26 @@ class _Run:
             return {}
         n_rows = len(val_rows) if cfg.max_eval_rows is None else min(len(val_rows), cfg.max_eval_rows)
         val_lengths = row_lengths(val_rows.select(range(n_rows)), cfg.max_seq_len)
-        batches = DataOrder(val_lengths, cfg.batch_size, self.world, self.rank, shuffle=False).batches(0)
+        # Every row once, and a metric that is a mean over positions (count_key) weighted by them: the figure
+        # is the one over all validation positions, as head_accuracy scores it. Others (the loss, the
+        # counts) are means per batch.
         sums: dict[str, torch.Tensor] = {}
+        weights: dict[str, torch.Tensor] = {}
         self.model.eval()
         with torch.no_grad():
-            for idx in batches:
-                batch = self._to_device(self.collate_fn(select_rows(val_rows, idx)))
+            for idx in eval_batches(val_lengths, cfg.batch_size, self.world, self.rank):
+                counts = 1.0 if idx else 0.0  # an empty share still runs a forward: ZeRO-3 gathers weights in it
+                batch = self._to_device(self.collate_fn(select_rows(val_rows, idx or [0])))
                 feats = self.feature_source(batch) if self.feature_source is not None else TargetFeatures()
-                for k, v in self.model(batch, feats.as_dict()).items():
-                    sums[k] = sums.get(k, 0.0) + v.detach().float()
+                out = {k: v.detach().float() for k, v in self.model(batch, feats.as_dict()).items()}
+                for k, v in out.items():
+                    w = out.get(count_key(k), torch.ones_like(v)) * counts
+                    sums[k] = sums.get(k, 0.0) + v * w
+                    weights[k] = weights.get(k, 0.0) + w
         self.model.train()
-        means = _reduce_mean(self.accelerator, {k: v / len(batches) for k, v in sums.items()})
-        return {f"val/{k}": v for k, v in means.items()}
+        packed = {**{("sum", k): v for k, v in sums.items()}, **{("weight", k): v for k, v in weights.items()}}
+        totals = _reduce_sum_all(self.accelerator, packed)  # over ranks: the mean over every rank's positions
+        return {f"val/{k}": totals["sum", k] / max(totals["weight", k], 1e-12) for k in sums}
 
     def log(self, metrics: dict[str, float], kind: str) -> None:
         if self.cfg.report_to != "none":
@@ -446,6 +455,14 @@ def _reduce_mean(accelerator, values: dict[str, torch.Tensor]) -> dict[str, floa
     t = torch.stack([torch.as_tensor(values[k], dtype=torch.float32).to(accelerator.device) for k in keys])
     if accelerator.num_processes > 1:
         t = accelerator.reduce(t, reduction="mean")
+    return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
+
+
+def _reduce_sum_all(accelerator, values: dict) -> dict:
+    keys = sorted(values)  # every rank reports the same keys: one collective for all of them
+    t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64).to(accelerator.device) for k in keys])
+    if accelerator.num_processes > 1:
+        t = accelerator.reduce(t, reduction="sum")
     return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
 
 
