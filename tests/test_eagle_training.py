@@ -11,6 +11,7 @@ from train_helpers import reset_accelerate, synthetic_rows
 from headway.config import TrainConfig
 from headway.data.dataset import collate
 from headway.data.features import OnlineFeatures
+from headway.heads.base import count_key
 from headway.heads.eagle import Eagle1Drafter, Eagle3Drafter
 from headway.heads.eagle_objective import EagleLossConfig, align_step, build_objective
 from headway.heads.vocab import DraftVocab
@@ -142,6 +143,7 @@ def test_eagle3_loss_equals_brute_force_step_by_step(target):
         )
         assert out.metrics[f"pairs_step{i + 1}"] == len(hits[i])
         assert out.metrics[f"acc_step{i + 1}"].item() == pytest.approx(sum(hits[i]) / len(hits[i]))
+        assert count_key(f"acc_step{i + 1}") == f"pairs_step{i + 1}"  # what validation weights it by
 
 
 def distilled_batch(target, n=4, prompt_len=6, answer_len=24, seed=0):
