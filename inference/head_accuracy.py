@@ -33,7 +33,7 @@ from headway.data.features import OnlineFeatures
 from headway.features import FeatureSpec
 from headway.int8 import quantize_drafter
 from headway.target import load_target
-from headway.train.data_order import DataOrder
+from headway.train.data_order import eval_batches
 
 
 def run_config(args) -> Config:
@@ -133,18 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_rows is not None:
         rows = rows.select(range(min(args.max_rows, len(rows))))
     lengths = [min(len(x), cfg.train.max_seq_len) for x in rows["input_ids"]]
-    batches = DataOrder(lengths, args.batch_size, shuffle=False).batches(0)
+    batches = eval_batches(lengths, args.batch_size)  # every row once, longest first
     collate = default_collate(tok.pad_token_id, cfg.train.max_seq_len)
     domains = rows["domain"] if "domain" in rows.column_names else ["all"] * len(rows)
 
     topk = args.topk
     totals: dict[str, list] = {}  # domain -> per depth [hits, n]
-    seen: set[int] = set()
     for idx in tqdm(batches, desc="head accuracy"):
-        idx = [i for i in dict.fromkeys(idx) if i not in seen]  # the last batch wraps around: count rows once
-        if not idx:
-            continue
-        seen.update(idx)
         batch = collate(select_rows(rows, idx))
         batch = {k: v.to(target.device) for k, v in batch.items()}
         with torch.no_grad():
@@ -166,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint": str(ckpt),
         **info,
         "split": args.split,
-        "rows": len(seen),
+        "rows": len(rows),
         "depths": depth,
         "num_heads": depth,  # Medusa's name for it
         "topk": topk,

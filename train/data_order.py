@@ -74,10 +74,11 @@ class DataOrder:
 
 
 def eval_batches(lengths: Sequence[int], batch_size: int, world_size: int = 1, rank: int = 0) -> list[list[int]]:
-    """Validation's batches for one rank: every row exactly once (no wrap-around: a repeated row would
-    count twice in the metrics), longest first for little padding, global batches split across ranks as
-    in training. Every rank gets the same number of batches, so collectives in a forward stay in step;
-    a rank's share of the last one may be empty (the loop then runs a forward that counts for nothing)."""
+    """Validation's batches for one rank (the loop's and head_accuracy's): every row exactly once (no
+    wrap-around: a repeated row would count twice in the metrics), longest first for little padding,
+    global batches split across ranks as in training. Every rank gets the same number of batches, so
+    collectives in a forward stay in step; a rank's share of the last one may be empty (the loop then
+    runs a forward that counts for nothing)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     gb, lo, hi = batch_size * world_size, rank * batch_size, (rank + 1) * batch_size
     return [order[s : s + gb][lo:hi] for s in range(0, len(order), gb)]

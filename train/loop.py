@@ -353,7 +353,7 @@ class _Run:
 
     def _log_interval(self, grad_norm: torch.Tensor | None) -> None:
         accelerator, state = self.accelerator, self.state
-        means = _reduce_mean(accelerator, {k: v / self.interval_micro for k, v in self.interval.items()})
+        means = _reduce_all(accelerator, {k: v / self.interval_micro for k, v in self.interval.items()})
         tokens = _reduce_sum(accelerator, self.interval_tokens)
         state.tokens_seen += tokens
         metrics = {f"train/{k}": v for k, v in means.items()}
@@ -393,7 +393,7 @@ class _Run:
                     weights[k] = weights.get(k, 0.0) + w
         self.model.train()
         packed = {**{("sum", k): v for k, v in sums.items()}, **{("weight", k): v for k, v in weights.items()}}
-        totals = _reduce_sum_all(self.accelerator, packed)  # over ranks: the mean over every rank's positions
+        totals = _reduce_all(self.accelerator, packed, "sum")  # over ranks: the mean over every rank's positions
         return {f"val/{k}": totals["sum", k] / max(totals["weight", k], 1e-12) for k in sums}
 
     def log(self, metrics: dict[str, float], kind: str) -> None:
@@ -448,21 +448,14 @@ class _Run:
 # ---------------------------------------------------------------- helpers
 
 
-def _reduce_mean(accelerator, values: dict[str, torch.Tensor]) -> dict[str, float]:
+def _reduce_all(accelerator, values: dict, reduction: str = "mean") -> dict:
+    """Each scalar reduced over ranks ("mean" or "sum")."""
     if not values:
         return {}
     keys = sorted(values)  # every rank reports the same keys: one collective for all of them
     t = torch.stack([torch.as_tensor(values[k], dtype=torch.float32).to(accelerator.device) for k in keys])
     if accelerator.num_processes > 1:
-        t = accelerator.reduce(t, reduction="mean")
-    return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
-
-
-def _reduce_sum_all(accelerator, values: dict) -> dict:
-    keys = sorted(values)  # every rank reports the same keys: one collective for all of them
-    t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64).to(accelerator.device) for k in keys])
-    if accelerator.num_processes > 1:
-        t = accelerator.reduce(t, reduction="sum")
+        t = accelerator.reduce(t, reduction=reduction)
     return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
 
 
