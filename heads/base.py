@@ -39,11 +39,12 @@ class LossOutput:
 
 def count_key(metric: str) -> str | None:
     """The metric holding the count that `metric` is a batch's mean over, by the objectives' names:
-    Medusa's `head{k}/top1` and `head{k}/loss` are over `head{k}/positions`, EAGLE's `acc_step{i}`,
-    `ce_step{i}` and `in_vocab_step{i}` over `pairs_step{i}`. The training loop's validation weights each
-    batch's mean by it, so a short batch counts for its positions, not as much as a full one."""
+    Medusa's `head{k}/top1` and `head{k}/loss` are over `head{k}/positions`, Medusa-2's `target/kl` over
+    `target/positions`, EAGLE's `acc_step{i}`, `ce_step{i}` and `in_vocab_step{i}` over `pairs_step{i}`.
+    The training loop weights each batch's mean by it (train/metric_means.py), so a short batch counts for
+    its positions, not as much as a full one."""
     head, sep, name = metric.partition("/")
-    if sep and head.startswith("head") and head[4:].isdigit():
+    if sep and (head == "target" or (head.startswith("head") and head[4:].isdigit())):
         return None if name == "positions" else f"{head}/positions"
     kind, sep, step = metric.rpartition("_step")
     if sep and step.isdigit() and kind in ("acc", "ce", "in_vocab"):

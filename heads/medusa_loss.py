@@ -235,6 +235,7 @@ class Medusa2Objective(nn.Module):
             metrics["target/kl"] = kl.detach()
         else:
             metrics["target/kl"] = torch.zeros((), device=hidden.device)
+        metrics["target/positions"] = predicts_generated.sum().float()  # what target/kl is a mean over
         metrics["heads/loss"] = heads_out.loss.detach()
         return LossOutput(loss=loss, metrics=metrics)
 

@@ -221,6 +221,31 @@ def test_medusa2_adapter_saves_beside_heads_and_loads_with_peft(tmp_path):
         assert not torch.allclose(reloaded(ids).logits, tiny_llama(vocab_size=256, hidden_size=32)(ids).logits)
 
 
+def test_medusa2_validation_kl_is_over_all_positions(tmp_path):
+    """Medusa-2's `target/kl` is a mean over the positions whose next token is generated: validation over
+    5 rows in batches of 3 and 2 weights each batch by `target/positions`, so it equals the KL summed over
+    every row's positions divided by their number, not a mean of the two batches' means."""
+    from headway.data.dataset import collate
+
+    objective = _medusa2(0)
+    rows = synthetic_rows(8, 256)
+    val = rows.select(range(5))
+    cfg = _train_cfg(tmp_path, max_steps=6, batch_size=3, lr=5e-2)  # enough for a KL well above rounding
+    result = train(objective, rows, val, cfg, make_accelerator(cfg, find_unused_parameters=True), pad_id=2)
+    objective.eval()
+    kl_sum, positions, per_row = 0.0, 0.0, []
+    with torch.no_grad():
+        for i in range(5):
+            m = objective.training_loss(collate([val[i]], pad_id=2, max_len=64), None).metrics
+            n = float(m["target/positions"])
+            kl_sum, positions = kl_sum + float(m["target/kl"]) * n, positions + n
+            per_row.append(float(m["target/kl"]))
+    assert kl_sum / positions > 1e-4  # the adapters trained: the tuned target has moved off the frozen one
+    # fp32 KL between close distributions: batched and one-row forwards agreed to 7e-6 of it
+    assert result.val_metrics["val/target/kl"] == pytest.approx(kl_sum / positions, rel=1e-4)
+    assert result.val_metrics["val/target/kl"] != pytest.approx(sum(per_row) / 5, rel=2e-2)  # rows differ
+
+
 def test_topk_hits_agree_with_training_metrics():
     from headway.heads.medusa_loss import topk_hits
 

@@ -144,6 +144,35 @@ def test_validation_accuracy_is_over_all_positions(tmp_path):
     assert result.val_metrics["val/head1/positions"] == pytest.approx(positions[1] / 2)  # counts: per batch
 
 
+def test_train_log_weights_micro_batches_by_positions(tmp_path):
+    """Step 1 runs two micro-batches (grad_accum 2) with the initial weights; its logged `train/head1/loss`
+    is the cross-entropy over both batches' positions, as validation counts it, not the mean of two means."""
+    import copy
+
+    from headway.data.dataset import collate, row_lengths
+
+    target = tiny_llama(vocab_size=128, hidden_size=32)
+    rows = synthetic_rows(10, 128)
+    objective = MedusaObjective(MedusaHeads.from_target(target, num_heads=2, num_layers=1))
+    initial = copy.deepcopy(objective).eval()
+    cfg = _cfg(tmp_path, max_steps=1, eval_every=0, save_every=0)
+    _run(tmp_path, target, rows, objective=objective, max_steps=1, eval_every=0, save_every=0)
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    step1 = next(r for r in logged if r["kind"] == "train" and r["step"] == 1)
+    batches = DataOrder(row_lengths(rows, cfg.max_seq_len), cfg.batch_size, 1, 0, cfg.seed).batches(0)[:2]
+    online = OnlineFeatures(target, FeatureSpec(final_normed=True))
+    ce_sum, positions, means = 0.0, 0.0, []
+    with torch.no_grad():
+        for idx in batches:
+            batch = collate([rows[i] for i in idx], pad_id=2, max_len=cfg.max_seq_len)
+            m = initial.training_loss(batch, online(batch)).metrics
+            ce_sum += float(m["head1/loss"]) * float(m["head1/positions"])
+            positions += float(m["head1/positions"])
+            means.append(float(m["head1/loss"]))
+    assert step1["train/head1/loss"] == pytest.approx(ce_sum / positions, rel=1e-5)
+    assert abs(sum(means) / 2 - ce_sum / positions) > 1e-3  # the batches differ: the test tells the rules apart
+
+
 def test_data_order_splits_ranks_and_is_deterministic():
     lengths = [5 + (i * 7) % 23 for i in range(21)]
     r0 = DataOrder(lengths, batch_size=2, world_size=2, rank=0, seed=1)

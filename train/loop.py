@@ -39,7 +39,6 @@ from headway.config import TrainConfig
 from headway.data.dataset import default_collate, row_lengths, select_rows
 from headway.distributed import wants_cpu
 from headway.features import TargetFeatures
-from headway.heads.base import count_key
 from headway.memory import CreepBound, keep_freed_cpu_memory, peak_memory
 from headway.packed import cpu_has_bf16_kernels
 from headway.train.checkpoint import (
@@ -57,6 +56,7 @@ from headway.train.checkpoint import (
     write_state,
 )
 from headway.train.data_order import DataOrder, eval_batches
+from headway.train.metric_means import WeightedMeans
 from headway.train.optim import build_optimizer, build_scheduler, default_param_groups
 from headway.train.resume import (
     applied_note,
@@ -199,8 +199,8 @@ class _Run:
 
         self.model.train()
         self.epoch_batches = self.order.batches(self.state.epoch)
-        self.interval: dict[str, torch.Tensor] = {}  # metric sums since the last train log
-        self.interval_micro, self.interval_tokens, self.t_start = 0, 0, time.perf_counter()
+        self.interval = WeightedMeans()  # metrics since the last train log
+        self.interval_tokens, self.t_start = 0, time.perf_counter()
         self.step_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not self.main, desc="train", dynamic_ncols=True)
         self.memory_bound = CreepBound()
@@ -337,9 +337,7 @@ class _Run:
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
-        for k, v in outputs.items():
-            self.interval[k] = self.interval.get(k, 0.0) + v.detach().float()
-        self.interval_micro += 1
+        self.interval.add(outputs)
         self.interval_tokens += int(batch["attention_mask"].sum())
         return grad_norm
 
@@ -353,7 +351,7 @@ class _Run:
 
     def _log_interval(self, grad_norm: torch.Tensor | None) -> None:
         accelerator, state = self.accelerator, self.state
-        means = _reduce_all(accelerator, {k: v / self.interval_micro for k, v in self.interval.items()})
+        means = self.interval.means(self._reduce_sum_all)  # micro-batches weighted by their positions
         tokens = _reduce_sum(accelerator, self.interval_tokens)
         state.tokens_seen += tokens
         metrics = {f"train/{k}": v for k, v in means.items()}
@@ -365,7 +363,7 @@ class _Run:
             metrics["train/grad_norm"] = float(grad_norm)
         self.log(metrics, "train")
         self.bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{self.step_lrs[0]:.2e}")
-        self.interval, self.interval_micro, self.interval_tokens, self.t_start = {}, 0, 0, time.perf_counter()
+        self.interval, self.interval_tokens, self.t_start = WeightedMeans(), 0, time.perf_counter()
 
     # ------------------------------------------------------------ validation, logs, checkpoints
 
@@ -375,26 +373,21 @@ class _Run:
             return {}
         n_rows = len(val_rows) if cfg.max_eval_rows is None else min(len(val_rows), cfg.max_eval_rows)
         val_lengths = row_lengths(val_rows.select(range(n_rows)), cfg.max_seq_len)
-        # Every row once, and a metric that is a mean over positions (count_key) weighted by them: the figure
-        # is the one over all validation positions, as head_accuracy scores it. Others (the loss, the
-        # counts) are means per batch.
-        sums: dict[str, torch.Tensor] = {}
-        weights: dict[str, torch.Tensor] = {}
+        # Every row once, each batch's means weighted by what they count (train/metric_means.py): the figure
+        # is the one over all validation positions, as head_accuracy scores it.
+        means = WeightedMeans()
         self.model.eval()
         with torch.no_grad():
             for idx in eval_batches(val_lengths, cfg.batch_size, self.world, self.rank):
-                counts = 1.0 if idx else 0.0  # an empty share still runs a forward: ZeRO-3 gathers weights in it
                 batch = self._to_device(self.collate_fn(select_rows(val_rows, idx or [0])))
                 feats = self.feature_source(batch) if self.feature_source is not None else TargetFeatures()
-                out = {k: v.detach().float() for k, v in self.model(batch, feats.as_dict()).items()}
-                for k, v in out.items():
-                    w = out.get(count_key(k), torch.ones_like(v)) * counts
-                    sums[k] = sums.get(k, 0.0) + v * w
-                    weights[k] = weights.get(k, 0.0) + w
+                # an empty share still runs a forward (ZeRO-3 gathers weights in it) that counts for nothing
+                means.add(self.model(batch, feats.as_dict()), scale=1.0 if idx else 0.0)
         self.model.train()
-        packed = {**{("sum", k): v for k, v in sums.items()}, **{("weight", k): v for k, v in weights.items()}}
-        totals = _reduce_all(self.accelerator, packed, "sum")  # over ranks: the mean over every rank's positions
-        return {f"val/{k}": totals["sum", k] / max(totals["weight", k], 1e-12) for k in sums}
+        return {f"val/{k}": v for k, v in means.means(self._reduce_sum_all).items()}
+
+    def _reduce_sum_all(self, values: dict) -> dict:
+        return _reduce_all(self.accelerator, values, "sum")
 
     def log(self, metrics: dict[str, float], kind: str) -> None:
         if self.cfg.report_to != "none":
