@@ -33,6 +33,14 @@ def smol_fp32(smol_path):
     return model
 
 
+@pytest.fixture(scope="session")
+def lossless_case(smol_fp32, smol_tok):
+    """(prompts, plain greedy answers) of the fp32 losslessness tests (tests/lossless_common.py), once for all."""
+    from lossless_common import reference_case
+
+    return reference_case(smol_fp32, smol_tok)
+
+
 @pytest.fixture
 def tiny_smol_vocab():
     """A random 2-layer Llama over SmolLM2's vocabulary, so the real tokenizer and template apply."""

@@ -18,12 +18,17 @@ from headway.inference.drafters import FusedDrafter, LookupDrafter
 from headway.inference.engine import SpecEngine
 from headway.inference.gpu_check import echo_drafter  # noqa: F401 (re-exported for the tests)
 from headway.inference.questions import load_questions
-from headway.inference.trees import DEFAULT_ACCURACIES, DRAFTER_DEFAULT_ACCURACIES
+from headway.inference.trees import DEFAULT_ACCURACIES, DRAFTER_DEFAULT_ACCURACIES, TreeSpec, default_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_NEW = 16
 PER_DOMAIN = {"multi_turn": 4, "translation": 4, "summarization": 3, "qa": 3, "math_reasoning": 3, "rag": 3}
 EOS = 2
+# The trees the trained-drafter modules verify (the scripted drafter's are deeper).
+SPECS = {
+    "static": TreeSpec("static", default_tree(10, depth=4)),
+    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
+}
 
 
 def recipe_vocab(size: int = 8192) -> DraftVocab:
@@ -57,6 +62,18 @@ def prompts(tok) -> list[list[int]]:
                 out.append(picked[d].pop(0))
     assert len(out) == 20
     return out
+
+
+def reference_case(model, tok) -> tuple[list[list[int]], list[list[int]]]:
+    """The prompts and their plain greedy answers, at one thread as the modules run (the `lossless_case`
+    fixture in conftest.py computes this once for every module)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ids = prompts(tok)
+        return ids, plain_greedy(model, ids)
+    finally:
+        torch.set_num_threads(n)
 
 
 @torch.inference_mode()

@@ -5,31 +5,20 @@ and batch 4, 20 prompts over all six domains."""
 from __future__ import annotations
 
 import pytest
-from lossless_common import check_lossless, echo_drafter, one_thread, plain_greedy, prompts  # noqa: F401 (fixture)
+from lossless_common import SPECS, check_lossless, echo_drafter, one_thread  # noqa: F401 (fixture)
 
 from headway.heads.eagle import Eagle1Drafter
 from headway.inference.drafters import EagleTreeDrafter
-from headway.inference.trees import TreeSpec, default_tree
 
 pytestmark = pytest.mark.real_target
 
-SPECS = {
-    "static": TreeSpec("static", default_tree(10, depth=4)),
-    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
-}
 # Draft tokens accepted over the 20 prompts, measured (batch 4): static 28, dynamic 19.
 MIN_ACCEPTED = {"static": 18, "dynamic": 12}
 
 
-@pytest.fixture(scope="module")
-def case(smol_fp32, smol_tok):
-    ids = prompts(smol_tok)
-    return ids, plain_greedy(smol_fp32, ids)
-
-
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("tree", list(SPECS))
-def test_eagle1_greedy_is_lossless(smol_fp32, case, tree, batch):
-    ids, refs = case
+def test_eagle1_greedy_is_lossless(smol_fp32, lossless_case, tree, batch):
+    ids, refs = lossless_case
     drafter = EagleTreeDrafter(echo_drafter(Eagle1Drafter.from_target(smol_fp32)))
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=MIN_ACCEPTED[tree])

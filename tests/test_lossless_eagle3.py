@@ -7,56 +7,44 @@ from __future__ import annotations
 
 import pytest
 from lossless_common import (  # noqa: F401 (fixture)
+    SPECS,
     check_fused,
     check_lossless,
     echo_drafter,
     fused,
     one_thread,
-    plain_greedy,
-    prompts,
     recipe_vocab,
 )
 
 from headway.heads.eagle import Eagle3Drafter
 from headway.inference.drafters import EagleTreeDrafter
-from headway.inference.trees import TreeSpec, default_tree
 from headway.int8 import Int8Linear, quantize_drafter
 
 pytestmark = pytest.mark.real_target
 
-SPECS = {
-    "static": TreeSpec("static", default_tree(10, depth=4)),
-    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
-}
 # Draft tokens accepted over the 20 prompts, measured (batch 4): static 26, dynamic 20.
 MIN_ACCEPTED = {"static": 16, "dynamic": 12}
 
 
-@pytest.fixture(scope="module")
-def case(smol_fp32, smol_tok):
-    ids = prompts(smol_tok)
-    return ids, plain_greedy(smol_fp32, ids)
-
-
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("tree", list(SPECS))
-def test_eagle3_greedy_is_lossless(smol_fp32, case, tree, batch):
-    ids, refs = case
+def test_eagle3_greedy_is_lossless(smol_fp32, lossless_case, tree, batch):
+    ids, refs = lossless_case
     drafter = EagleTreeDrafter(echo_drafter(Eagle3Drafter.from_target(smol_fp32, vocab=recipe_vocab())))
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=MIN_ACCEPTED[tree])
 
 
-def test_eagle3_fused_with_lookup_greedy_is_lossless(smol_fp32, case):
-    ids, refs = case
+def test_eagle3_fused_with_lookup_greedy_is_lossless(smol_fp32, lossless_case):
+    ids, refs = lossless_case
     eagle = EagleTreeDrafter(echo_drafter(Eagle3Drafter.from_target(smol_fp32, vocab=recipe_vocab())))
     drafter = fused(eagle, SPECS["dynamic"])
     check_lossless(smol_fp32, drafter, SPECS["dynamic"], ids, refs, 4, min_accepted=MIN_ACCEPTED["dynamic"])
     check_fused(drafter)
 
 
-def test_eagle3_int8_drafter_greedy_is_lossless(smol_fp32, case):
+def test_eagle3_int8_drafter_greedy_is_lossless(smol_fp32, lossless_case):
     """int8 drafter weights (inference.draft_quantization) change what is drafted, never the output."""
-    ids, refs = case
+    ids, refs = lossless_case
     d = echo_drafter(Eagle3Drafter.from_target(smol_fp32, vocab=recipe_vocab()))
     assert quantize_drafter(d) == 8  # q/k/v/o, gate/up/down, lm_head (not fc)
     assert not any(isinstance(m, Int8Linear) for m in smol_fp32.modules())

@@ -5,40 +5,29 @@ static and dynamic trees, batch 1 and batch 4, 20 prompts."""
 from __future__ import annotations
 
 import pytest
-from lossless_common import check_lossless, one_thread, plain_greedy, prompts, recipe_vocab  # noqa: F401 (fixture)
+from lossless_common import SPECS, check_lossless, one_thread, recipe_vocab  # noqa: F401 (fixture)
 
 from headway.heads.medusa import MedusaHeads
 from headway.inference.drafters import MedusaDrafter
-from headway.inference.trees import TreeSpec, default_tree
 from headway.int8 import quantize_linears
 
 pytestmark = pytest.mark.real_target
 
-SPECS = {
-    "static": TreeSpec("static", default_tree(10, depth=4)),
-    "dynamic": TreeSpec("dynamic", depth=4, top_k=4, budget=10),
-}
 # Draft tokens accepted over the 20 prompts, measured: static 28, dynamic 22 (batch 1 and 4; 31 and 24 over 8,192 ids).
 MIN_ACCEPTED = {"static": 20, "dynamic": 15}
 
 
-@pytest.fixture(scope="module")
-def case(smol_fp32, smol_tok):
-    ids = prompts(smol_tok)
-    return ids, plain_greedy(smol_fp32, ids)
-
-
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("tree", list(SPECS))
-def test_medusa_greedy_is_lossless(smol_fp32, case, tree, batch):
-    ids, refs = case
+def test_medusa_greedy_is_lossless(smol_fp32, lossless_case, tree, batch):
+    ids, refs = lossless_case
     drafter = MedusaDrafter(MedusaHeads.from_target(smol_fp32, num_heads=4, vocab=recipe_vocab(4096)))
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=MIN_ACCEPTED[tree])
 
 
-def test_medusa_int8_heads_greedy_is_lossless(smol_fp32, case):
+def test_medusa_int8_heads_greedy_is_lossless(smol_fp32, lossless_case):
     """int8 head weights (inference.draft_quantization) change what is drafted, never the output."""
-    ids, refs = case
+    ids, refs = lossless_case
     heads = MedusaHeads.from_target(smol_fp32, num_heads=4, vocab=recipe_vocab(4096))
     assert quantize_linears(heads) == 8  # 4 blocks, 4 lm_heads
     check_lossless(smol_fp32, MedusaDrafter(heads), SPECS["static"], ids, refs, 4, min_accepted=MIN_ACCEPTED["static"])

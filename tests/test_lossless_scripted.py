@@ -12,8 +12,6 @@ from lossless_common import (  # noqa: F401 (fixture)
     check_lossless,
     fused,
     one_thread,
-    plain_greedy,
-    prompts,
 )
 
 from headway.inference.trees import TreeSpec, default_tree
@@ -26,24 +24,18 @@ SPECS = {
 }
 
 
-@pytest.fixture(scope="module")
-def case(smol_fp32, smol_tok):
-    ids = prompts(smol_tok)
-    return ids, plain_greedy(smol_fp32, ids)
-
-
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("tree", list(SPECS))
-def test_scripted_drafter_greedy_is_lossless(smol_fp32, case, tree, batch):
-    ids, refs = case
+def test_scripted_drafter_greedy_is_lossless(smol_fp32, lossless_case, tree, batch):
+    ids, refs = lossless_case
     drafter = ScriptedDrafter([p + r for p, r in zip(ids, refs, strict=True)], smol_fp32.config.vocab_size)
     # min_accepted: the drafter should be right often enough to exercise long accepted paths
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=121)
 
 
 @pytest.mark.parametrize(("tree", "batch"), [("static", 1), ("dynamic", 4)])
-def test_fused_scripted_and_lookup_greedy_is_lossless(smol_fp32, case, tree, batch):
-    ids, refs = case
+def test_fused_scripted_and_lookup_greedy_is_lossless(smol_fp32, lossless_case, tree, batch):
+    ids, refs = lossless_case
     scripted = ScriptedDrafter([p + r for p, r in zip(ids, refs, strict=True)], smol_fp32.config.vocab_size)
     drafter = fused(scripted, SPECS[tree])
     check_lossless(smol_fp32, drafter, SPECS[tree], ids, refs, batch, min_accepted=121)
