@@ -6,4 +6,4 @@ source "$(dirname "$0")/_env.sh"
 echo "== preparing the target"
 python scripts/prepare_target.py
 echo "== running the tests"
-python -m pytest -q "$@"
+python -m pytest -q --durations=15 "$@"   # the 15 slowest tests, to see where the time goes
