@@ -39,16 +39,23 @@ class LossOutput:
 
 def count_key(metric: str) -> str | None:
     """The metric holding the count that `metric` is a batch's mean over, by the objectives' names:
-    Medusa's `head{k}/top1` and `head{k}/loss` are over `head{k}/positions`, Medusa-2's `target/kl` over
-    `target/positions`, EAGLE's `acc_step{i}`, `ce_step{i}` and `in_vocab_step{i}` over `pairs_step{i}`.
-    The training loop weights each batch's mean by it (train/metric_means.py), so a short batch counts for
-    its positions, not as much as a full one."""
+    Medusa's `head{k}/top1` over `head{k}/positions` and its `head{k}/loss` over `head{k}/ce_positions`
+    (those whose label is in the draft vocabulary), Medusa-2's `target/kl` over `target/positions`, EAGLE's
+    `acc_step{i}` and `in_vocab_step{i}` over `pairs_step{i}`, its `ce_step{i}` over `ce_pairs_step{i}` and
+    EAGLE-1's `feature_loss` over `pairs_step1`. The training loop weights each batch's mean by it
+    (train/metric_means.py), so a short batch counts for its positions, not as much as a full one."""
     head, sep, name = metric.partition("/")
     if sep and (head == "target" or (head.startswith("head") and head[4:].isdigit())):
-        return None if name == "positions" else f"{head}/positions"
+        if name.endswith("positions"):
+            return None  # a count
+        return f"{head}/ce_positions" if name == "loss" and head != "target" else f"{head}/positions"
+    if metric == "feature_loss":
+        return "pairs_step1"
     kind, sep, step = metric.rpartition("_step")
-    if sep and step.isdigit() and kind in ("acc", "ce", "in_vocab"):
+    if sep and step.isdigit() and kind in ("acc", "in_vocab"):
         return f"pairs_step{step}"
+    if sep and step.isdigit() and kind == "ce":
+        return f"ce_pairs_step{step}"
     return None
 
 

@@ -117,13 +117,14 @@ class EagleObjective(nn.Module):
         T = row.shape[1]
         return row.gather(1, (u.index + 1 + step).clamp(max=T - 1))[m]
 
-    def _step_metrics(self, metrics, i, draft_pred, labels, ce) -> None:
-        """acc over all counted pairs of step i (same keys for every batch: the loop averages across ranks)."""
+    def _step_metrics(self, metrics, i, draft_pred, labels, ce, ce_pairs: torch.Tensor) -> None:
+        """acc over all counted pairs of step i, ce over `ce_pairs` of them (same keys for every batch)."""
         n = torch.tensor(float(labels.numel()), device=labels.device)
         pred = self.drafter.to_target_ids(draft_pred)
         metrics[f"pairs_step{i + 1}"] = n
         metrics[f"acc_step{i + 1}"] = (pred == labels).float().sum().detach() / n.clamp_min(1)
         metrics[f"ce_step{i + 1}"] = ce.detach().float()
+        metrics[f"ce_pairs_step{i + 1}"] = ce_pairs.detach().float()
 
 
 class Eagle1Objective(EagleObjective):
@@ -150,7 +151,7 @@ class Eagle1Objective(EagleObjective):
             logits = d.logits(pred)
             target = probs[self._rows_for_step(u, row, i, m)]
             ce = F.cross_entropy(logits.float(), target, reduction="sum") / n
-            self._step_metrics(metrics, i, logits.argmax(-1), u.take(al.labels)[m], ce)
+            self._step_metrics(metrics, i, logits.argmax(-1), u.take(al.labels)[m], ce, m.sum())
             if i == 0:
                 target_z = u.take(shift_left(z, 1))[m]
                 feat = F.smooth_l1_loss(pred.float(), target_z.float(), reduction="sum") / (
@@ -219,7 +220,7 @@ class Eagle3Objective(EagleObjective):
             ce_sum, pred = projected_soft_ce(d.norm(u.hidden[m]), d.lm_head.weight, probs, rows)
             ce = ce_sum / in_vocab.sum().clamp_min(1)
             loss = loss + cfg.step_decay**i * ce
-            self._step_metrics(metrics, i, pred, labels, ce)
+            self._step_metrics(metrics, i, pred, labels, ce, in_vocab.sum())  # out-of-vocabulary pairs: no loss
             metrics[f"in_vocab_step{i + 1}"] = in_vocab.float().sum().detach() / max(1, in_vocab.numel())
         return LossOutput(loss=loss, metrics=metrics)
 

@@ -82,6 +82,7 @@ def medusa_loss(
             metrics[f"head{k}/loss"] = ce.detach()
             metrics[f"head{k}/top1"] = (pred == draft_ids).sum().float() / max(1, h.shape[0])
             metrics[f"head{k}/positions"] = torch.tensor(float(h.shape[0]))
+            metrics[f"head{k}/ce_positions"] = in_vocab.sum().float()  # what head{k}/loss is a mean over
             continue
         logits = heads.head_logits(k0, h).float()  # [N, V']
         if not bool(in_vocab.any()):  # keep every weight in the graph (DDP expects gradients for all of them)
@@ -103,6 +104,7 @@ def medusa_loss(
                 hit = (ranked[:, :j] == draft_ids[:, None]).any(-1).sum() if ranked is not None else 0
                 metrics[f"head{k}/top{j}"] = torch.as_tensor(hit, dtype=torch.float32) / n
         metrics[f"head{k}/positions"] = torch.tensor(float(h.shape[0]))
+        metrics[f"head{k}/ce_positions"] = in_vocab.sum().float()
     return LossOutput(loss=total, metrics=metrics)
 
 

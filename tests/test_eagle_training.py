@@ -144,6 +144,8 @@ def test_eagle3_loss_equals_brute_force_step_by_step(target):
         assert out.metrics[f"pairs_step{i + 1}"] == len(hits[i])
         assert out.metrics[f"acc_step{i + 1}"].item() == pytest.approx(sum(hits[i]) / len(hits[i]))
         assert count_key(f"acc_step{i + 1}") == f"pairs_step{i + 1}"  # what validation weights it by
+        assert out.metrics[f"ce_pairs_step{i + 1}"] == len(ce[i])  # the CE is over in-vocabulary pairs only
+        assert count_key(f"ce_step{i + 1}") == f"ce_pairs_step{i + 1}"
 
 
 def distilled_batch(target, n=4, prompt_len=6, answer_len=24, seed=0):

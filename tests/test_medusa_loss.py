@@ -225,7 +225,8 @@ def test_medusa2_validation_kl_is_over_all_positions(tmp_path):
     """Medusa-2's `target/kl` is a mean over the positions whose next token is generated: validation over
     5 rows in batches of 3 and 2 weights each batch by `target/positions`, so it equals the KL summed over
     every row's positions divided by their number, not a mean of the two batches' means."""
-    from headway.data.dataset import collate
+    from headway.data.dataset import collate, row_lengths
+    from headway.train.data_order import eval_batches
 
     objective = _medusa2(0)
     rows = synthetic_rows(8, 256)
@@ -233,17 +234,20 @@ def test_medusa2_validation_kl_is_over_all_positions(tmp_path):
     cfg = _train_cfg(tmp_path, max_steps=6, batch_size=3, lr=5e-2)  # enough for a KL well above rounding
     result = train(objective, rows, val, cfg, make_accelerator(cfg, find_unused_parameters=True), pad_id=2)
     objective.eval()
-    kl_sum, positions, per_row = 0.0, 0.0, []
+    kl_sums, counts = [], []
     with torch.no_grad():
         for i in range(5):
             m = objective.training_loss(collate([val[i]], pad_id=2, max_len=64), None).metrics
-            n = float(m["target/positions"])
-            kl_sum, positions = kl_sum + float(m["target/kl"]) * n, positions + n
-            per_row.append(float(m["target/kl"]))
-    assert kl_sum / positions > 1e-4  # the adapters trained: the tuned target has moved off the frozen one
+            counts.append(float(m["target/positions"]))
+            kl_sums.append(float(m["target/kl"]) * counts[-1])
+    want = sum(kl_sums) / sum(counts)
+    assert want > 1e-4  # the adapters trained: the tuned target has moved off the frozen one
     # fp32 KL between close distributions: batched and one-row forwards agreed to 7e-6 of it
-    assert result.val_metrics["val/target/kl"] == pytest.approx(kl_sum / positions, rel=1e-4)
-    assert result.val_metrics["val/target/kl"] != pytest.approx(sum(per_row) / 5, rel=2e-2)  # rows differ
+    assert result.val_metrics["val/target/kl"] == pytest.approx(want, rel=1e-4)
+    batches = eval_batches(row_lengths(val, cfg.max_seq_len), 3, 1, 0)
+    assert [len(b) for b in batches] == [3, 2]
+    old_rule = sum(sum(kl_sums[i] for i in b) / sum(counts[i] for i in b) for b in batches) / 2
+    assert abs(old_rule - want) > 1e-3 * want  # the mean of the batches' means would differ: a real test
 
 
 def test_topk_hits_agree_with_training_metrics():

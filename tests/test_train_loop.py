@@ -120,27 +120,34 @@ def test_validation_and_train_metrics_are_logged(tmp_path):
 
 def test_validation_accuracy_is_over_all_positions(tmp_path):
     """The 4 validation rows go in batches of 3 and 1: each batch's top-1 counts for its positions, so the
-    figure equals the hits over all positions (as head_accuracy scores them), not a mean of batch ratios."""
+    figure equals the hits over all positions (as head_accuracy scores them), not a mean of batch ratios.
+    Over a draft vocabulary of the even ids the loss is a mean over in-vocabulary positions only, and
+    counts for those."""
     from headway.data.dataset import collate
+    from headway.heads.vocab import DraftVocab
 
     target = tiny_llama(vocab_size=128, hidden_size=32)
     rows = synthetic_rows(10, 128)
-    objective = MedusaObjective(MedusaHeads.from_target(target, num_heads=2, num_layers=1))
+    vocab = DraftVocab(torch.arange(0, 128, 2, dtype=torch.int64), 128)
+    objective = MedusaObjective(MedusaHeads.from_target(target, num_heads=2, num_layers=1, vocab=vocab))
     result = _run(tmp_path, target, rows, objective=objective, eval_every=0, save_every=0)
     online = OnlineFeatures(target, FeatureSpec(final_normed=True))
     objective.eval()
-    hits, positions, ratios = {1: 0.0, 2: 0.0}, {1: 0.0, 2: 0.0}, {1: [], 2: []}
+    hits, positions, ce_sum, ce_positions = ({1: 0.0, 2: 0.0} for _ in range(4))
     with torch.no_grad():
         for i in range(4):  # one row at a time
             batch = collate([rows[i]], pad_id=2, max_len=48)
             m = objective.training_loss(batch, online(batch)).metrics
             for k in (1, 2):
-                n = float(m[f"head{k}/positions"])
+                n, n_ce = float(m[f"head{k}/positions"]), float(m[f"head{k}/ce_positions"])
                 hits[k] += float(m[f"head{k}/top1"]) * n
                 positions[k] += n
-                ratios[k].append(float(m[f"head{k}/top1"]))
+                ce_sum[k] += float(m[f"head{k}/loss"]) * n_ce
+                ce_positions[k] += n_ce
     for k in (1, 2):
+        assert 0 < ce_positions[k] < positions[k]  # some labels fall outside the draft vocabulary
         assert result.val_metrics[f"val/head{k}/top1"] == pytest.approx(hits[k] / positions[k], abs=1e-6)
+        assert result.val_metrics[f"val/head{k}/loss"] == pytest.approx(ce_sum[k] / ce_positions[k], rel=1e-5)
     assert result.val_metrics["val/head1/positions"] == pytest.approx(positions[1] / 2)  # counts: per batch
 
 
@@ -155,8 +162,9 @@ def test_train_log_weights_micro_batches_by_positions(tmp_path):
     rows = synthetic_rows(10, 128)
     objective = MedusaObjective(MedusaHeads.from_target(target, num_heads=2, num_layers=1))
     initial = copy.deepcopy(objective).eval()
-    cfg = _cfg(tmp_path, max_steps=1, eval_every=0, save_every=0)
-    _run(tmp_path, target, rows, objective=objective, max_steps=1, eval_every=0, save_every=0)
+    settings = dict(max_steps=1, eval_every=0, save_every=0)
+    cfg = _cfg(tmp_path, **settings)  # the settings _run trains with: the batches below are its batches
+    _run(tmp_path, target, rows, objective=objective, **settings)
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     step1 = next(r for r in logged if r["kind"] == "train" and r["step"] == 1)
     batches = DataOrder(row_lengths(rows, cfg.max_seq_len), cfg.batch_size, 1, 0, cfg.seed).batches(0)[:2]

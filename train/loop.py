@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -351,7 +352,7 @@ class _Run:
 
     def _log_interval(self, grad_norm: torch.Tensor | None) -> None:
         accelerator, state = self.accelerator, self.state
-        means = self.interval.means(self._reduce_sum_all)  # micro-batches weighted by their positions
+        means = self.interval.means(partial(_sum_over_ranks, accelerator))  # micro-batches weighted by their counts
         tokens = _reduce_sum(accelerator, self.interval_tokens)
         state.tokens_seen += tokens
         metrics = {f"train/{k}": v for k, v in means.items()}
@@ -384,10 +385,7 @@ class _Run:
                 # an empty share still runs a forward (ZeRO-3 gathers weights in it) that counts for nothing
                 means.add(self.model(batch, feats.as_dict()), scale=1.0 if idx else 0.0)
         self.model.train()
-        return {f"val/{k}": v for k, v in means.means(self._reduce_sum_all).items()}
-
-    def _reduce_sum_all(self, values: dict) -> dict:
-        return _reduce_all(self.accelerator, values, "sum")
+        return {f"val/{k}": v for k, v in means.means(partial(_sum_over_ranks, self.accelerator)).items()}
 
     def log(self, metrics: dict[str, float], kind: str) -> None:
         if self.cfg.report_to != "none":
@@ -441,18 +439,19 @@ class _Run:
 # ---------------------------------------------------------------- helpers
 
 
-def _reduce_all(accelerator, values: dict, reduction: str = "mean") -> dict:
-    """Each scalar reduced over ranks ("mean" or "sum")."""
+def _sum_over_ranks(accelerator, values: dict) -> dict:
+    """Each scalar summed over ranks, in fp32 (one collective for all of them)."""
     if not values:
         return {}
-    keys = sorted(values)  # every rank reports the same keys: one collective for all of them
+    keys = sorted(values)  # every rank reports the same keys, so every rank stacks them in the same order
     t = torch.stack([torch.as_tensor(values[k], dtype=torch.float32).to(accelerator.device) for k in keys])
     if accelerator.num_processes > 1:
-        t = accelerator.reduce(t, reduction=reduction)
+        t = accelerator.reduce(t, reduction="sum")
     return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
 
 
 def _reduce_sum(accelerator, value: int) -> int:
+    """An integer summed over ranks, exactly (fp32 would round token counts past 2**24)."""
     if accelerator.num_processes == 1:
         return value
     return int(accelerator.reduce(torch.tensor([value], device=accelerator.device), reduction="sum").item())

@@ -3,11 +3,13 @@
 A head reports each metric as a batch's mean (`head1/top1` is hits / positions in that batch). Summing
 those over batches and dividing by the number of batches would let a short batch count as much as a full
 one, so each batch's mean is weighted by the count it is over (`count_key`: `head{k}/positions`,
-`pairs_step{i}`, `target/positions`); a metric with no count (the loss, the counts themselves) is a mean
-per batch. Summed over ranks before dividing, the figure is the one over every rank's positions.
+`pairs_step{i}`, `target/positions`, ...); a metric with no count (the loss, the counts themselves) is
+a mean per batch. Summed over ranks before dividing, the figure is the one over every rank's positions.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -15,6 +17,8 @@ from headway.heads.base import count_key
 
 
 class WeightedMeans:
+    """Running sums of count-weighted batch means, and their weights, per metric."""
+
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.weights: dict[str, torch.Tensor] = {}
@@ -23,11 +27,12 @@ class WeightedMeans:
         """One batch's metrics; `scale` 0 runs a batch that counts for nothing (an empty rank's share)."""
         out = {k: v.detach().float() for k, v in metrics.items()}
         for k, v in out.items():
-            w = out.get(count_key(k), torch.ones_like(v)) * scale
+            count = count_key(k)
+            w = (out[count] if count in out else torch.ones_like(v)) * scale
             self.sums[k] = self.sums.get(k, 0.0) + v * w
             self.weights[k] = self.weights.get(k, 0.0) + w
 
-    def means(self, reduce_sum) -> dict[str, float]:
+    def means(self, reduce_sum: Callable[[dict], dict]) -> dict[str, float]:
         """The means over every batch added, on every rank: `reduce_sum(dict) -> dict of floats` sums
         a dict of scalars over ranks (one collective for all)."""
         packed = {**{("sum", k): v for k, v in self.sums.items()}, **{("weight", k): v for k, v in self.weights.items()}}
