@@ -21,14 +21,14 @@ class WeightedMeans:
 
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
-        self.weights: dict[str, torch.Tensor] = {}
+        self.weights: dict[str, torch.Tensor | float] = {}
 
     def add(self, metrics: dict[str, torch.Tensor], scale: float = 1.0) -> None:
         """One batch's metrics; `scale` 0 runs a batch that counts for nothing (an empty rank's share)."""
         out = {k: v.detach().float() for k, v in metrics.items()}
         for k, v in out.items():
             count = count_key(k)
-            w = (out[count] if count in out else torch.ones_like(v)) * scale
+            w = out[count] * scale if count in out else scale  # no count: every batch weighs the same
             self.sums[k] = self.sums.get(k, 0.0) + v * w
             self.weights[k] = self.weights.get(k, 0.0) + w
 
