@@ -47,3 +47,13 @@ def tiny_smol_vocab():
     from tiny_models import tiny_llama
 
     return tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2, seed=0)
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """Accelerate's process-wide state reset before and after a test (modules that build Accelerators)."""
+    from train_helpers import reset_accelerate
+
+    reset_accelerate()
+    yield
+    reset_accelerate()

@@ -21,11 +21,7 @@ from headway.train.loop import make_accelerator, train
 V, H, L = 128, 32, 4
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate():
-    reset_accelerate()
-    yield
-    reset_accelerate()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,7 @@ from headway.config import Config, DataConfig, GenerationConfig, SourceConfig, T
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate():
-    reset_accelerate()
-    yield
-    reset_accelerate()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
 
 @pytest.fixture

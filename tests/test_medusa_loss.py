@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tiny_models import tiny_llama
-from train_helpers import reset_accelerate, synthetic_rows
+from train_helpers import synthetic_rows
 
 from headway.config import TrainConfig
 from headway.data.features import OnlineFeatures
@@ -15,12 +15,7 @@ from headway.heads.medusa_loss import Medusa2Objective, MedusaObjective, medusa_
 from headway.heads.vocab import DraftVocab
 from headway.train.loop import make_accelerator, train
 
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerate():
-    reset_accelerate()
-    yield
-    reset_accelerate()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
 
 def test_head_targets_on_a_hand_example():

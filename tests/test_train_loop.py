@@ -22,12 +22,7 @@ from headway.train.data_order import DataOrder, eval_batches
 from headway.train.loop import NonFiniteLossError, make_accelerator, resolve_mixed_precision, train
 from headway.train.optim import cosine_with_warmup
 
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerate():
-    reset_accelerate()
-    yield
-    reset_accelerate()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
 
 def _cfg(out, **kw) -> TrainConfig:

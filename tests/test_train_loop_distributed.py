@@ -19,11 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 N_TRAIN = 16
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate():
-    reset_accelerate()
-    yield
-    reset_accelerate()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
 
 @pytest.fixture
