@@ -15,6 +15,7 @@ import sys
 import time
 
 import torch
+from compile_decode import timed  # the script's own folder is on sys.path
 from transformers import DynamicCache
 
 from headway.config import TargetConfig
@@ -49,13 +50,6 @@ class Arm:
         if k > 1:
             self.cache.crop(-(k - 1))  # this transformers crops by a negative count only
         return out
-
-
-def timed(fn, n: int) -> float:
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t) / n * 1e3
 
 
 @torch.inference_mode()
