@@ -19,6 +19,7 @@ from compile_decode import timed  # the script's own folder is on sys.path
 from transformers import DynamicCache
 
 from headway.config import TargetConfig
+from headway.inference.layout import additive_mask
 from headway.kv import cache_kwarg
 from headway.target import load_target
 
@@ -26,10 +27,10 @@ CTX = 300
 
 
 def float_mask(k: int, past: int, dtype) -> torch.Tensor:
-    """[1, 1, k, past + k]: every cached token, and the new ones causally (0 kept, finfo.min masked)."""
-    m = torch.zeros(1, 1, k, past + k, dtype=dtype)
-    m[..., past:] = torch.triu(torch.full((k, k), torch.finfo(dtype).min, dtype=dtype), diagonal=1)
-    return m
+    """[1, 1, k, past + k]: every cached token, and the new ones causally (as inference/cost.py builds it)."""
+    allowed = torch.ones(k, past + k, dtype=torch.bool)
+    allowed[:, past:] = torch.ones(k, k, dtype=torch.bool).tril()
+    return additive_mask(allowed, dtype)[None, None]
 
 
 class Arm:

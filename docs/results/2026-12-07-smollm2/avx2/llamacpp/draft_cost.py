@@ -4,8 +4,9 @@
 
 From scripts/evaluate_llamacpp.py's records.jsonl and verify_cost.json: a plain token's time t1 (plain with
 the f16 target, same prompts); the drafter's verification steps (tokens - accepted, each yields one token
-more than it accepts), each costing the verify curve at 1 + its drafted tokens (the mean chain of the steps
-that carried a draft, interpolated linearly); the rest of the drafter's decode time, per step, is the draft.
+more than it accepts), costed as the report's ceiling costs them (`mean_verify_cost`: one token for a step
+without a draft, the curve at 1 + the mean draft length for the others); the rest of the drafter's decode
+time, per step, is the draft.
 A one-token chain then beats plain only if 1 + a > verify(2) + draft / t1.
 """
 
@@ -13,18 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-
-def interp(curve: dict[int, float], k: float) -> float:
-    ks = sorted(curve)
-    for lo, hi in zip(ks, ks[1:], strict=False):
-        if lo <= k <= hi:
-            return curve[lo] + (curve[hi] - curve[lo]) * (k - lo) / (hi - lo)
-    raise ValueError(f"k={k} outside the measured curve {ks}")
-
+from headway.inference.llamacpp_ceiling import mean_verify_cost, relative
 
 folder = Path(sys.argv[1])
-raw = json.loads((folder / "verify_cost.json").read_text())
-curve = {int(k): v / raw["1"] for k, v in raw.items()}
+seconds = {int(k): v for k, v in json.loads((folder / "verify_cost.json").read_text()).items()}
+curve = relative(seconds)
 records = [json.loads(line) for line in (folder / "records.jsonl").open()]
 
 
@@ -40,7 +34,7 @@ for config in ("eagle3-f16", "eagle3+ngram-mod"):
     accepted, drafted, draft_steps = (total(config, k) for k in ("accepted", "drafted", "draft_steps"))
     steps = tokens - accepted
     chain = drafted / max(draft_steps, 1)
-    verify_units = draft_steps * interp(curve, 1 + chain) + (steps - draft_steps) * 1.0
+    verify_units = mean_verify_cost(seconds, int(steps), int(draft_steps), int(drafted)) * steps
     ms = total(config, "predicted_ms")
     draft = (ms - verify_units * t1) / steps
     print(f"{config}: {steps:.0f} steps ({draft_steps:.0f} with a draft of {chain:.2f} tokens on average), "
