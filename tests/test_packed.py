@@ -47,8 +47,12 @@ def test_packed_linear_equals_linear(shape, bias):
 
 @pytest.mark.parametrize("n_in,n_out", [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152)])
 def test_every_decoding_row_count_is_unchanged(n_in, n_out):
-    """SmolLM2-135M's shapes, 1-79 rows (batch-1 decoding, trees, drafts): F.linear's result, and each
-    row's bits independent of how many rows come with it."""
+    """SmolLM2-135M's shapes, 1-79 rows (batch-1 decoding, trees, drafts): F.linear's result; and, where
+    packing replaces the kernel (fp32), each row's bits independent of how many rows come with it.
+
+    bf16 packing keeps F.linear's own oneDNN kernel, so it keeps that kernel's row dependence too: on the
+    model-167 Xeon (AMX) F.linear gives a row other bits from 33 rows on for these shapes (52 or 68 for
+    some), packed or not (docs/results/2026-12-07-smollm2/xeon/bf16_row_dependence.txt)."""
     plain = _linear(n_in, n_out)
     packed = _linear(n_in, n_out)
     pack_linears(packed)
@@ -58,7 +62,8 @@ def test_every_decoding_row_count_is_unchanged(n_in, n_out):
         for rows in range(1, 80):
             x = xs[:rows]
             assert_same(packed(x), plain(x), f"{rows} rows")
-            assert torch.equal(packed(x), alone[:rows]), f"{rows} rows"
+            if DTYPE == torch.float32:
+                assert torch.equal(packed(x), alone[:rows]), f"{rows} rows"
 
 
 def test_packed_model_logits_equal_unpacked():
