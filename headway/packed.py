@@ -16,7 +16,8 @@ differently and bf16 rounding can differ, as it does between any two batch shape
 bf16 answers: 426 of 512 equal to the token, `docs/results/2026-12-06-smollm2/packed-weights/`). Equal
 to F.linear is all bf16 packing keeps: F.linear's bf16 kernel itself gives a row bits that depend on how
 many rows come with it (on the AMX Xeon from 33 rows on, 52 or 68 for some shapes; packed the same:
-`docs/results/2026-12-07-smollm2/xeon/bf16_row_dependence.txt`), which is why exactness is tested in fp32.
+`docs/results/2026-12-07-smollm2/xeon/bf16_row_dependence.txt`), so bits independent of the row count
+are asserted for fp32 packing only.
 
 fp32 `F.linear` is MKL's sgemm, which packs nothing per call; but on a 2-core AVX2 AMD EPYC oneDNN's
 packed fp32 kernel was 1.5-2.5x faster at 17 rows (the lm_head over 1 row: 9.5 -> 4.5 ms; over 17:
