@@ -20,7 +20,9 @@ Modules, one job each:
   positions, the model's own cache) -> accept -> keep only the accepted path's KV; batches with
   ragged acceptance. Cache surgery lives in `headway.kv`, sampling in `headway.sampling`.
 - `cost`: the target's measured verify-cost curve and the node budget (and, for per-level drafters,
-  the depth) it implies (`tree_budget: auto`).
+  the depth) it implies (`tree_budget: auto`), and the accuracy profile fitted to observed acceptance.
+- `calibration`: the trained drafter's draft cost and accepted length on a few generic prompts, which
+  the auto budget is retuned with at start-up.
 - `build`: recipe + checkpoint -> engine(s), one per drafting mode. `questions`, `report`: Spec-Bench
   domains and the report (a row per method and domain); `evaluate`: the run behind it.
 - `head_accuracy`, `unrolled_accuracy`: measured per-depth accuracy profiles of Medusa and EAGLE heads.

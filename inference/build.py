@@ -19,7 +19,7 @@ from pathlib import Path
 
 from headway.config import Config
 from headway.inference.allocation import NodePlanner
-from headway.inference.cost import best_row, choose_budget, measure_verify_cost
+from headway.inference.cost import best_row, choose_budget, measure_verify_cost, scale_accuracies
 from headway.inference.drafters.fused import FusedDrafter
 from headway.inference.drafters.lookup import LookupDrafter
 from headway.inference.engine import SpecEngine
@@ -282,28 +282,36 @@ def build_engine(
 
 
 def retune_budget(
-    setup: EngineSetup, curve: dict[int, float], draft_cost: float, max_budget: int = 127, cost_source: str = "measured"
+    setup: EngineSetup,
+    curve: dict[int, float],
+    draft_cost: float,
+    max_budget: int = 127,
+    cost_source: str = "measured",
+    acceptance_scale: float | None = None,
 ) -> None:
     """Re-choose an auto budget now that the drafter's own cost per step is measured: a drafter that
     costs a constant per step makes verifying a few more nodes relatively cheaper. A dynamic tree's
     drafter runs one forward per level, so its depth is chosen too (at most inference.depth): a level
     whose nodes the profile expects to be accepted too rarely is not worth its forward. Prompt lookup
     alone keeps its budget; a fused engine moves its planner to the new budget and cost. `cost_source`
-    says where draft_cost came from in the report ("measured", or an earlier report's path)."""
+    says where draft_cost came from in the report ("measured", or an earlier report's path).
+    `acceptance_scale`: the profile's depths scaled to the acceptance seen on calibration prompts
+    (`cost.fit_acceptance`) before the choice; None keeps the profile as measured."""
     if setup.mode == "lookup":
         return
     spec = setup.engine.spec
+    accuracies = setup.accuracies if acceptance_scale is None else scale_accuracies(setup.accuracies, acceptance_scale)
     cands = tuple(n for n in BUDGETS if n <= max_budget)
     from headway.inference.drafters import MedusaDrafter  # its heads run once per step, whatever the depth
 
     per_level = spec.kind == "dynamic" and not isinstance(_trained(setup), MedusaDrafter)
     forward = draft_cost / spec.max_depth if per_level else 0.0  # the measured steps' depth
     fixed = 0.0 if per_level else draft_cost
-    _, table = choose_budget(curve, setup.accuracies, setup.depth, cands, draft_cost=fixed, forward_cost=forward)
+    _, table = choose_budget(curve, accuracies, setup.depth, cands, draft_cost=fixed, forward_cost=forward)
     best = best_row(table)
     budget, depth = best["nodes"], best["depth"]
     if spec.kind == "static":
-        setup.engine.spec = TreeSpec("static", build_tree(setup.accuracies, budget, max_depth=setup.depth))
+        setup.engine.spec = TreeSpec("static", build_tree(accuracies, budget, max_depth=setup.depth))
     else:
         setup.engine.spec = TreeSpec("dynamic", depth=depth, top_k=spec.top_k, budget=budget)
     if setup.mode == "fused":
@@ -318,7 +326,9 @@ def retune_budget(
             "budget_source": setup.info.setdefault("prior_budget_source", setup.info["budget_source"])  # retuned again: not appended twice
             + (" and a measured" if cost_source == "measured" else f" and {cost_source}'s")
             + f" draft cost of {1000 * draft_cost:.1f} ms/step"
-            + (f" ({1000 * forward:.1f} ms per tree level: depth {depth})" if per_level else ""),
+            + (f" ({1000 * forward:.1f} ms per tree level: depth {depth})" if per_level else "")
+            + ("" if acceptance_scale is None else f", its depths' acceptance scaled by {acceptance_scale:.3f}**depth"),
+            "acceptance_scale": acceptance_scale,
         }
     )
 

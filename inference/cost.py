@@ -3,6 +3,7 @@
     curve = measure_verify_cost(model)              # {new tokens: seconds per forward}
     budget, table = choose_budget(curve, accuracies) # maximises expected tau / cost(budget + 1)
     budget, table = choose_budget(curve, accuracies, 6, draft_cost=0.004, forward_cost=0.003)  # depth too
+    accuracies, scale = fit_acceptance(accuracies, tree, observed_tau=2.4)  # the profile, as seen on real prompts
 
 On this CPU (SmolLM2-135M, bf16) a forward over 16 new tokens costs ~1.6x one token and 64 tokens
 ~3.3x; on an H100 the curve is far flatter, so the best tree is far larger there.
@@ -15,7 +16,7 @@ from transformers import DynamicCache
 
 from headway.bench import timed
 from headway.inference.layout import additive_mask
-from headway.inference.trees import build_tree, expected_tau
+from headway.inference.trees import Tree, build_tree, expected_tau
 from headway.kv import cache_kwarg, crop
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -99,6 +100,37 @@ def choose_budget(
             cost = cost_at(curve, n + 1) + draft_cost + (d or 0) * forward_cost
             table.append({"nodes": n, "depth": d, "tau": round(tau, 4), "cost_s": cost, "tokens_per_s": tau / cost})
     return best_row(table)["nodes"], table
+
+
+def scale_accuracies(accuracies: list[list[float]], scale: float) -> list[list[float]]:
+    """Depth d's cumulative accuracies times scale**d (depth 1 first), capped at 1."""
+    return [[min(1.0, a * scale ** (d + 1)) for a in row] for d, row in enumerate(accuracies)]
+
+
+def fit_acceptance(
+    accuracies: list[list[float]], tree: Tree, observed_tau: float, lo: float = 0.05, hi: float = 2.0
+) -> tuple[list[list[float]], float]:
+    """The profile rescaled so that `tree` expects the tau observed with it: (accuracies, scale).
+
+    A profile measured on the training mix's validation split overstates acceptance on other text,
+    and more the deeper the draft (each depth compounds the drift), while budget choice turns on
+    what the deepest, widest nodes add. One factor per depth, scale**d, fitted by bisection on the
+    mean accepted length (the least noisy thing a few calibration steps measure). On a model-167
+    Xeon's Spec-Bench run the profile expected tau 3.11 of 16 nodes at depth 4 against 2.44 seen;
+    the fitted 0.88 expected 2.28 of 8 nodes at depth 3 against 2.23 seen, and chose that tree,
+    the fastest of nine measured (docs/results/2026-12-07-smollm2/xeon/, section 11)."""
+    if observed_tau < 1:
+        raise ValueError(f"observed tau counts the bonus token, so it is at least 1, got {observed_tau}")
+
+    def tau(scale: float) -> float:
+        return expected_tau(tree, scale_accuracies(accuracies, scale))
+
+    if tau(hi) <= observed_tau:
+        return scale_accuracies(accuracies, hi), hi
+    for _ in range(40):  # expected tau rises with the scale: every node's path probability does
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tau(mid) < observed_tau else (lo, mid)
+    return scale_accuracies(accuracies, lo), lo
 
 
 def best_row(table: list[dict]) -> dict:

@@ -18,7 +18,9 @@ order that rotates per prompt, so machine drift hits all alike. Writes report.js
 report.png to --out and prints the tables. Extra `section.key=value` arguments override the recipe
 (e.g. inference.tree_budget=32).
 
-`--costs-from REPORT` sizes trees from an earlier report's verify-cost curve and draft cost instead of
+An auto budget is chosen from the verify-cost curve, the drafter's draft cost and its accuracy profile
+fitted to what it accepts on a few generic prompts (`inference/calibration.py`), all measured at start-up.
+`--costs-from REPORT` sizes trees from an earlier report's curve, draft cost and fitted scale instead of
 measuring them. Two variants of the engine compared in fp32 then write the same text (every answer
 equals plain) with the trees a bf16 run would build: in bf16 their answers part at near-ties, so
 their tau would compare different texts; without it fp32's steeper curve would pick smaller trees.
@@ -40,6 +42,7 @@ from headway.cli import run_main
 from headway.config import load_config
 from headway.data.chat import first_turn_ids, next_turn_ids
 from headway.inference.build import MODES, EngineSetup, build_engines, retune_budget
+from headway.inference.calibration import calibrate
 from headway.inference.cost import measure_verify_cost
 from headway.inference.questions import load_questions, skip_long_questions
 from headway.inference.report import (
@@ -171,9 +174,10 @@ class Runner:
         return res
 
 
-def read_costs(path: str) -> tuple[dict[int, float], float | None]:
-    """An earlier report's verify-cost curve {new tokens: seconds} and draft cost per step (None: not
-    measured there). Raises ValueError naming the file and the key when the report lacks them."""
+def read_costs(path: str) -> tuple[dict[int, float], float | None, float | None]:
+    """An earlier report's verify-cost curve {new tokens: seconds}, draft cost per step and acceptance
+    scale (None: not measured, or not fitted, there). Raises ValueError naming the file and the key
+    when the report lacks them."""
     try:
         rep = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -189,8 +193,10 @@ def read_costs(path: str) -> tuple[dict[int, float], float | None]:
         raise ValueError(f"--costs-from {path}: 'verify_cost' must map token counts to seconds, got {raw}") from None
     if min(curve) < 1 or min(curve.values()) <= 0:
         raise ValueError(f"--costs-from {path}: 'verify_cost' needs token counts >= 1 and positive seconds, got {raw}")
-    draft = rep.get("draft_cost_s")
-    return dict(sorted(curve.items())), None if draft is None else float(draft)
+    draft, scale = rep.get("draft_cost_s"), rep.get("acceptance_scale")
+    if scale is not None and not (isinstance(scale, int | float) and scale > 0):
+        raise ValueError(f"--costs-from {path}: 'acceptance_scale' must be a positive number, got {scale!r}")
+    return dict(sorted(curve.items())), None if draft is None else float(draft), None if scale is None else float(scale)
 
 
 def check_settings(ev, inf, args) -> str | None:
@@ -240,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--costs-from",
-        help="an earlier report.json: size trees from its verify-cost curve and draft cost instead of measuring",
+        help="an earlier report.json: size trees from its verify-cost curve, draft cost and acceptance scale instead of measuring",
     )
     p.add_argument("overrides", nargs="*", help="section.key=value overrides of the recipe")
     args = p.parse_intermixed_args(argv)
@@ -299,14 +305,23 @@ def main(argv: list[str] | None = None) -> int:
         runner.spec(s.method, warm, 8, seed=0)
     tuned = [s for s in setups.values() if s.mode != "lookup" and s.info["budget_source"].startswith("auto")]
     tuned.sort(key=lambda s: s.mode != "drafter")
+    calibration, scale = None, None
     if tuned:
-        draft_cost, cost_source = (costs[1], args.costs_from) if costs and costs[1] is not None else (None, "measured")
-        if draft_cost is None:  # the trained drafter's cost per step, measured alone (a fused engine sometimes skips it)
+        if costs and costs[1] is not None:  # an earlier run's draft cost and acceptance scale: its trees again
+            draft_cost, scale, cost_source = costs[1], costs[2], args.costs_from
+        elif tuned[0].mode == "drafter":  # the drafter alone on generic prompts: its cost, and its profile fitted
+            calibration = calibrate(tuned[0], tok)
+            draft_cost, scale, cost_source = calibration.draft_cost, calibration.acceptance_scale, "measured"
+            print(
+                f"calibration: tau {calibration.observed_tau:.2f} over {calibration.steps} steps where the profile "
+                f"expected {calibration.expected_tau:.2f}; acceptance scaled by {scale:.3f}**depth"
+            )
+        else:  # fused alone: its draft cost per step (a fused engine sometimes skips drafting); its tau is lookup's too
             calib = first_turn_ids(tok, "Explain in a few sentences why the sky is blue.")
             out = runner.spec(tuned[0].method, calib, 48, seed=0)[2]
-            draft_cost = out.timings.get("draft", 0.0) / max(1, sum(map(len, out.accepted)))
+            draft_cost, cost_source = out.timings.get("draft", 0.0) / max(1, sum(map(len, out.accepted))), "measured"
         for s in tuned:
-            retune_budget(s, curve, draft_cost, inf.max_budget, cost_source)
+            retune_budget(s, curve, draft_cost, inf.max_budget, cost_source, scale)
             print(f"{s.mode}: budget retuned to {s.info['budget']} nodes ({s.info['budget_source']})")
 
     results = []
@@ -335,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         "accuracies": setup.info["accuracies"],
         "verify_cost": {str(k): v for k, v in curve.items()},
         "costs_from": args.costs_from,  # None: the curve and draft cost were measured in this run
+        "acceptance_scale": scale,  # None: the profile as measured
+        "calibration": calibration.describe() if calibration else None,
         "acceptance": inf.acceptance,
         "lossless": inf.acceptance == "exact",
         "sampling": {"temperature": inf.temperature, "top_p": inf.top_p, "top_k": inf.sample_top_k},

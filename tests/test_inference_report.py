@@ -254,10 +254,11 @@ def test_costs_from_reads_an_earlier_reports_curve_and_names_what_is_missing(tmp
 
     rep = tmp_path / "report.json"
     rep.write_text(json.dumps({"verify_cost": {"4": 0.02, "1": 0.01}, "draft_cost_s": 0.003}))
-    assert read_costs(str(rep)) == ({1: 0.01, 4: 0.02}, 0.003)
-    rep.write_text(json.dumps({"verify_cost": {"1": 0.01}, "draft_cost_s": None}))
-    assert read_costs(str(rep)) == ({1: 0.01}, None)
+    assert read_costs(str(rep)) == ({1: 0.01, 4: 0.02}, 0.003, None)
+    rep.write_text(json.dumps({"verify_cost": {"1": 0.01}, "draft_cost_s": None, "acceptance_scale": 0.9}))
+    assert read_costs(str(rep)) == ({1: 0.01}, None, 0.9)
     for body, message in (
+        ({"verify_cost": {"1": 0.01}, "acceptance_scale": -1}, "'acceptance_scale' must be a positive number"),
         ({"tau": 2.0}, "no 'verify_cost' curve"),
         ({"verify_cost": {"one": 0.01}}, "must map token counts"),
         ({"verify_cost": {"0": 0.01}}, "token counts >= 1"),
@@ -286,4 +287,22 @@ def test_evaluate_sizes_trees_from_costs_from_without_measuring(tiny_target, smo
     rep = json.loads((out / "report.json").read_text())
     assert rep["verify_cost"] == curve and rep["costs_from"] == str(earlier)
     assert rep["draft_cost_s"] == 0.002  # the auto budget was retuned with the earlier run's draft cost
+    assert rep["calibration"] is None and rep["acceptance_scale"] is None  # nor fitted there, nor here
     assert rep["overall"]["methods"]["medusa"]["identical_to_plain"] == rep["overall"]["n_prompts"]
+
+
+def test_evaluate_calibrates_the_auto_budget_and_costs_from_repeats_it(tiny_target, smol_tok, tmp_path):
+    recipe = _tiny_medusa_recipe(tiny_target, smol_tok, tmp_path)
+    from headway.inference import evaluate
+
+    argv = ["--config", str(recipe), "--per-domain", "1", "--max-new-tokens", "3", "--modes", "drafter"]
+    assert evaluate.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    first = json.loads((tmp_path / "a/report.json").read_text())
+    cal = first["calibration"]  # the tiny model echoes its last token, and so do its untrained heads: all accepted
+    assert cal["steps"] > 0 and cal["observed_tau"] > cal["expected_tau"] and cal["prompts"] == 5
+    assert first["acceptance_scale"] == pytest.approx(cal["acceptance_scale"], rel=1e-5) and first["acceptance_scale"] > 1
+    assert "acceptance scaled by" in first["budget_source"]
+    assert evaluate.main([*argv, "--out", str(tmp_path / "b"), "--costs-from", str(tmp_path / "a/report.json")]) == 0
+    again = json.loads((tmp_path / "b/report.json").read_text())
+    assert again["calibration"] is None and again["acceptance_scale"] == first["acceptance_scale"]
+    assert (again["budget"], again["tree"]) == (first["budget"], first["tree"])  # the same tree, not re-measured
