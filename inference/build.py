@@ -305,7 +305,8 @@ def retune_budget(
     from headway.inference.drafters import MedusaDrafter  # its heads run once per step, whatever the depth
 
     per_level = spec.kind == "dynamic" and not isinstance(_trained(setup), MedusaDrafter)
-    forward = draft_cost / spec.max_depth if per_level else 0.0  # the measured steps' depth
+    measured_depth = setup.info.setdefault("draft_cost_depth", spec.max_depth)  # the tree the cost was measured with
+    forward = draft_cost / measured_depth if per_level else 0.0
     fixed = 0.0 if per_level else draft_cost
     _, table = choose_budget(curve, accuracies, setup.depth, cands, draft_cost=fixed, forward_cost=forward)
     best = best_row(table)
@@ -315,8 +316,12 @@ def retune_budget(
     else:
         setup.engine.spec = TreeSpec("dynamic", depth=depth, top_k=spec.top_k, budget=budget)
     if setup.mode == "fused":
-        setup.engine.drafter.planner.set_budget(budget, setup.engine.spec.max_depth)
-        setup.engine.drafter.planner.set_cost(curve, draft_cost)
+        fused = setup.engine.drafter
+        if acceptance_scale is not None:  # its node values and resized static trees: from the fitted profile too
+            fused.accuracies = fused.planner.accuracies = accuracies
+            fused._static.clear()
+        fused.planner.set_budget(budget, setup.engine.spec.max_depth)
+        fused.planner.set_cost(curve, draft_cost)
     setup.info.update(
         {
             "tree": setup.engine.spec.describe(),

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headway.data.chat import first_turn_ids
+from headway.inference.build import EngineSetup
 from headway.inference.cost import fit_acceptance
 from headway.inference.trees import build_tree, expected_tau
 
@@ -33,28 +34,32 @@ PROMPTS = (
 class Calibration:
     draft_cost: float  # the drafter's seconds per verification step
     steps: int  # verification steps measured
-    observed_tau: float  # tokens per step (the bonus token included), a prompt's last step left out
+    observed_tau: float  # tokens per step, the bonus token included
     expected_tau: float  # what the profile expects of the tree that ran
     acceptance_scale: float  # cost.fit_acceptance's per-depth factor
+    prompts: int
 
     def describe(self) -> dict:
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in vars(self).items()} | {"prompts": len(PROMPTS)}
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in vars(self).items()}
 
 
-def calibrate(setup, tokenizer, prompts: tuple[str, ...] = PROMPTS, max_new_tokens: int = 64) -> Calibration:
-    """Run `setup`'s engine (a trained drafter alone: a fused engine's tau is lookup's too) greedily
-    on `prompts`, then fit the profile's acceptance to what it accepted."""
+def calibrate(
+    setup: EngineSetup, tokenizer, prompts: tuple[str, ...] = PROMPTS, max_new_tokens: int = 64
+) -> Calibration:
+    """Run `setup`'s engine (a trained drafter alone: a fused engine's tau is lookup's too) on
+    `prompts` with the recipe's sampling (greedy by default), then fit the profile to what it accepted.
+    Accepted counts are recorded before an answer is cut at max_new_tokens or EOS, so every step counts."""
     if setup.mode != "drafter":
         raise ValueError(f"calibrate needs the trained drafter alone, not the {setup.mode!r} engine")
-    spec, draft_time, steps, counted = setup.engine.spec, 0.0, 0, []
+    if not prompts or max_new_tokens < 1:
+        raise ValueError(f"calibrate needs prompts and max_new_tokens >= 1, got {len(prompts)} and {max_new_tokens}")
+    spec, draft_time, accepted = setup.engine.spec, 0.0, []
     for text in prompts:
         out = setup.engine.generate([first_turn_ids(tokenizer, text)], max_new_tokens, seed=0)
         draft_time += out.timings.get("draft", 0.0)
-        steps += len(out.accepted[0])
-        counted += out.accepted[0][:-1]  # the last step may be cut short by max_new_tokens or EOS
-    if not counted:
-        raise ValueError(f"calibration prompts gave no full verification step in {max_new_tokens} tokens")
+        accepted += out.accepted[0]
     tree = spec.tree if spec.kind == "static" else build_tree(setup.accuracies, spec.budget, max_depth=spec.depth)
-    observed = 1.0 + sum(counted) / len(counted)
+    observed = 1.0 + sum(accepted) / len(accepted)
     _, scale = fit_acceptance(setup.accuracies, tree, observed)
-    return Calibration(draft_time / max(1, steps), steps, observed, expected_tau(tree, setup.accuracies), scale)
+    steps = len(accepted)
+    return Calibration(draft_time / steps, steps, observed, expected_tau(tree, setup.accuracies), scale, len(prompts))

@@ -114,8 +114,9 @@ def fit_acceptance(
 
     A profile measured on the training mix's validation split overstates acceptance on other text,
     and more the deeper the draft (each depth compounds the drift), while budget choice turns on
-    what the deepest, widest nodes add. One factor per depth, scale**d, fitted by bisection on the
-    mean accepted length (the least noisy thing a few calibration steps measure). On a model-167
+    what the deepest, widest nodes add. One number, applied as scale**d at depth d (so a path of
+    depth D is scaled by scale**(D(D+1)/2): 0.88 gives 0.28 at depth 4), fitted by bisection on
+    the mean accepted length (the least noisy thing a few calibration steps measure). On a model-167
     Xeon's Spec-Bench run the profile expected tau 3.11 of 16 nodes at depth 4 against 2.44 seen;
     the fitted 0.88 expected 2.28 of 8 nodes at depth 3 against 2.23 seen, and chose that tree,
     the fastest of nine measured (docs/results/2026-12-07-smollm2/xeon/, section 11)."""
@@ -127,7 +128,7 @@ def fit_acceptance(
 
     if tau(hi) <= observed_tau:
         return scale_accuracies(accuracies, hi), hi
-    for _ in range(40):  # expected tau rises with the scale: every node's path probability does
+    for _ in range(40):  # expected tau rises with the scale (below 1 every path probability does; above, until capped)
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if tau(mid) < observed_tau else (lo, mid)
     return scale_accuracies(accuracies, lo), lo

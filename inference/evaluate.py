@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -193,10 +194,17 @@ def read_costs(path: str) -> tuple[dict[int, float], float | None, float | None]
         raise ValueError(f"--costs-from {path}: 'verify_cost' must map token counts to seconds, got {raw}") from None
     if min(curve) < 1 or min(curve.values()) <= 0:
         raise ValueError(f"--costs-from {path}: 'verify_cost' needs token counts >= 1 and positive seconds, got {raw}")
-    draft, scale = rep.get("draft_cost_s"), rep.get("acceptance_scale")
-    if scale is not None and not (isinstance(scale, int | float) and scale > 0):
-        raise ValueError(f"--costs-from {path}: 'acceptance_scale' must be a positive number, got {scale!r}")
-    return dict(sorted(curve.items())), None if draft is None else float(draft), None if scale is None else float(scale)
+    return dict(sorted(curve.items())), _positive(rep, "draft_cost_s", path), _positive(rep, "acceptance_scale", path)
+
+
+def _positive(rep: dict, key: str, path: str) -> float | None:
+    """rep[key] as a finite number > 0, None where absent or null; else a ValueError naming file and key."""
+    v = rep.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"--costs-from {path}: '{key}' must be a positive number, got {v!r}")
+    return float(v)
 
 
 def check_settings(ev, inf, args) -> str | None:
@@ -321,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             out = runner.spec(tuned[0].method, calib, 48, seed=0)[2]
             draft_cost, cost_source = out.timings.get("draft", 0.0) / max(1, sum(map(len, out.accepted))), "measured"
         for s in tuned:
-            retune_budget(s, curve, draft_cost, inf.max_budget, cost_source, scale)
+            retune_budget(s, curve, draft_cost, inf.max_budget, cost_source, acceptance_scale=scale)
             print(f"{s.mode}: budget retuned to {s.info['budget']} nodes ({s.info['budget_source']})")
 
     results = []
@@ -350,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         "accuracies": setup.info["accuracies"],
         "verify_cost": {str(k): v for k, v in curve.items()},
         "costs_from": args.costs_from,  # None: the curve and draft cost were measured in this run
-        "acceptance_scale": scale,  # None: the profile as measured
+        "acceptance_scale": setup.info.get("acceptance_scale"),  # None: the profile as measured
         "calibration": calibration.describe() if calibration else None,
         "acceptance": inf.acceptance,
         "lossless": inf.acceptance == "exact",
@@ -362,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         "plain_baseline": "transformers generate (same target, same process)",
         "notes": setup.info["notes"],
         "engines": {
-            s.method: {k: s.info.get(k) for k in ("tree", "budget", "budget_source", "accuracies", "notes")} | {"mode": s.mode}
+            s.method: {k: s.info.get(k) for k in ("tree", "budget", "budget_source", "accuracies", "acceptance_scale", "notes")}
+            | {"mode": s.mode}
             for s in setups.values()
         },
         "phase_times_synchronised": args.profile or device.type != "cuda",

@@ -56,8 +56,11 @@ def test_fitted_profile_picks_the_tree_measured_fastest_on_the_xeon():
     acc = json.loads((XEON / "head_accuracy.json").read_text())["accuracy"]
     rep = json.loads((XEON / "eval/report.json").read_text())
     curve = {int(k): v for k, v in rep["verify_cost"].items()}
-    per_level = rep["draft_cost_s"] / 4  # measured with depth 4
-    pick = lambda a: max(choose_budget(curve, a, 6, forward_cost=per_level)[1], key=lambda r: r["tokens_per_s"])  # noqa: E731
+    per_level = rep["draft_cost_s"] / 6  # measured before the retune, with the recipe's depth 6
+
+    def pick(a):
+        return max(choose_budget(curve, a, 6, forward_cost=per_level)[1], key=lambda r: r["tokens_per_s"])
+
     assert (pick(acc)["nodes"], pick(acc)["depth"]) == (16, 4)
     fitted, scale = fit_acceptance(acc, build_tree(acc, 16, max_depth=4), 2.44)
     assert 0.85 < scale < 0.9
@@ -71,13 +74,14 @@ def test_retune_budget_with_a_scale_shrinks_the_tree_and_says_so(tiny_target, sm
     rep = json.loads((XEON / "eval/report.json").read_text())
     curve = {int(k): v for k, v in rep["verify_cost"].items()}
     cfg = load_config(ROOT / "configs/smollm2-135m/eagle3.yaml", ["eagle.feature_layers=[1,2,3]", "inference.draft_quantization=none"])
-    s = build_engine(cfg, None, tiny_target, smol_tok, curve=curve, log=lambda *a: None)
-    s.accuracies = acc
-    retune_budget(s, curve, rep["draft_cost_s"])
-    assert (s.info["budget"], s.engine.spec.depth) == (16, 4) and s.info["acceptance_scale"] is None
-    retune_budget(s, curve, rep["draft_cost_s"], acceptance_scale=0.88)
-    assert (s.info["budget"], s.engine.spec.depth) == (8, 3) and s.info["acceptance_scale"] == 0.88
-    assert "acceptance scaled by 0.880**depth" in s.info["budget_source"]
+    for scale, tree in ((None, (16, 4)), (0.88, (8, 3))):  # each from the recipe's depth 6, as in evaluate.py
+        s = build_engine(cfg, None, tiny_target, smol_tok, curve=curve, log=lambda *a: None)
+        s.accuracies = acc
+        retune_budget(s, curve, rep["draft_cost_s"], acceptance_scale=scale)
+        assert (s.info["budget"], s.engine.spec.depth) == tree and s.info["acceptance_scale"] == scale
+        retune_budget(s, curve, rep["draft_cost_s"], acceptance_scale=scale)  # again: the cost's depth is still 6
+        assert (s.info["budget"], s.engine.spec.depth) == tree
+    assert "1.3 ms per tree level" in s.info["budget_source"] and "acceptance scaled by 0.880**depth" in s.info["budget_source"]
 
 
 def test_calibrate_measures_what_the_drafter_accepts(tiny_target, smol_tok):
@@ -108,3 +112,15 @@ def test_calibrate_measures_what_the_drafter_accepts(tiny_target, smol_tok):
     fused = build_engines(cfg, None, tiny_target, smol_tok, modes=("fused",), layer_skip=4)["fused"]
     with pytest.raises(ValueError, match="drafter alone, not the 'fused' engine"):
         calibrate(fused, smol_tok)
+
+
+def test_a_fused_engine_retuned_with_a_scale_prices_nodes_from_the_fitted_profile(tiny_target, smol_tok):
+    from headway.inference.build import build_engines
+
+    cfg = load_config(ROOT / "configs/smollm2-135m/eagle3.yaml", ["eagle.feature_layers=[1,2,3]"])
+    fused = build_engines(cfg, None, tiny_target, smol_tok, modes=("fused",), curve={1: 1.0, 128: 2.0})["fused"]
+    raw = fused.accuracies
+    retune_budget(fused, {1: 1.0, 128: 2.0}, 0.1, acceptance_scale=0.8)
+    drafter = fused.engine.drafter
+    assert drafter.planner.accuracies == drafter.accuracies == scale_accuracies(raw, 0.8)
+    assert drafter.planner.budget == fused.info["budget"] and fused.info["acceptance_scale"] == 0.8

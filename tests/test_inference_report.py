@@ -259,6 +259,8 @@ def test_costs_from_reads_an_earlier_reports_curve_and_names_what_is_missing(tmp
     assert read_costs(str(rep)) == ({1: 0.01}, None, 0.9)
     for body, message in (
         ({"verify_cost": {"1": 0.01}, "acceptance_scale": -1}, "'acceptance_scale' must be a positive number"),
+        ({"verify_cost": {"1": 0.01}, "acceptance_scale": True}, "'acceptance_scale' must be a positive number"),
+        ({"verify_cost": {"1": 0.01}, "draft_cost_s": "fast"}, "'draft_cost_s' must be a positive number"),
         ({"tau": 2.0}, "no 'verify_cost' curve"),
         ({"verify_cost": {"one": 0.01}}, "must map token counts"),
         ({"verify_cost": {"0": 0.01}}, "token counts >= 1"),
@@ -305,4 +307,5 @@ def test_evaluate_calibrates_the_auto_budget_and_costs_from_repeats_it(tiny_targ
     assert evaluate.main([*argv, "--out", str(tmp_path / "b"), "--costs-from", str(tmp_path / "a/report.json")]) == 0
     again = json.loads((tmp_path / "b/report.json").read_text())
     assert again["calibration"] is None and again["acceptance_scale"] == first["acceptance_scale"]
+    assert "acceptance scaled by" in again["budget_source"]  # applied, not only copied into the report
     assert (again["budget"], again["tree"]) == (first["budget"], first["tree"])  # the same tree, not re-measured
