@@ -4,15 +4,16 @@
 #   1. self-distills a small prompt mix          -> runs/quickstart/data (+ the heads' features, kept while generating)
 #   2. trains Medusa-1 heads on the frozen target -> runs/quickstart/medusa (+ head_accuracy.json)
 #   3. evaluates them with tree verification      -> runs/quickstart/eval (per-domain table, report.*)
-# The budget is smaller than the full recipes' (56 prompts per source, 6 epochs of Medusa-1, 3 Spec-Bench
-# questions per domain): the table shows the pipeline working, not the heads' best figures.
+# The budget is smaller than the full recipes' (50 prompts per source answered in up to 128 tokens, 6 epochs
+# of Medusa-1, 3 Spec-Bench questions per domain): the table shows the pipeline working, not the heads' best figures.
 # Outputs go under runs/quickstart/ (override with QUICKSTART_DIR). Rerunning resumes finished work.
 source "$(dirname "$0")/_env.sh"
 OUT=${QUICKSTART_DIR:-runs/quickstart}
-PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-56}   # 64 took 860-973 s on the 2-core model-167 machines (goal 900)
+PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-50}   # 64 took 860-973 s on the 2-core model-167 Xeons; 56 x 128 tokens 922 s on a Zen 4 (goal 900; batch 128)
 EPOCHS=${EPOCHS:-6}   # over the recipe's 4,096-id draft vocabulary: head-1 0.374 in 160 s (8,192 x 4: 0.357, ~150 s)
 EVAL_PER_DOMAIN=${EVAL_PER_DOMAIN:-3}
 EVAL_TOKENS=${EVAL_TOKENS:-64}
+ANSWER_TOKENS=${ANSWER_TOKENS:-128}  # twice the evaluation's 64 new tokens; 160 took 1,078 s end to end on a 2-core Zen 4
 start=$(date +%s)
 split=""  # seconds per stage, printed at the end
 lap() { local now; now=$(date +%s); split="${split:+$split }$1 $(( now - ${last:-$start} )) s,"; last=$now; }
@@ -24,7 +25,7 @@ lap prepare
 echo "== 1. self-distillation: the target answers $PROMPTS_PER_SOURCE prompts per source"
 python scripts/generate_data.py --config configs/smollm2-135m/data.yaml \
   data.output_dir="$OUT/data" data.max_prompts_per_source="$PROMPTS_PER_SOURCE" \
-  data.generation.max_new_tokens=160 data.features=[medusa]
+  data.generation.max_new_tokens="$ANSWER_TOKENS" data.features=[medusa]
 lap self-distillation
 
 echo "== 2. Medusa-1 heads on the frozen target (resumes from the newest checkpoint)"
