@@ -35,7 +35,7 @@ python train/medusa.py --config configs/smollm2-135m/medusa.yaml \
 lap training
 
 echo "== 3. per-domain evaluation: plain vs Medusa tree verification vs prompt lookup"
-echo "   (quickstart budget: $PROMPTS_PER_SOURCE prompts per source, $EPOCHS epochs, $EVAL_PER_DOMAIN questions per domain, $EVAL_TOKENS new tokens per turn)"
+echo "   (quickstart budget: $PROMPTS_PER_SOURCE prompts per source answered in up to $ANSWER_TOKENS tokens, $EPOCHS epochs, $EVAL_PER_DOMAIN questions per domain, $EVAL_TOKENS new tokens per turn)"
 python scripts/evaluate.py --config configs/smollm2-135m/medusa.yaml --checkpoint "$OUT/medusa" \
   --per-domain "$EVAL_PER_DOMAIN" --max-new-tokens "$EVAL_TOKENS" --out "$OUT/eval"
 lap evaluation
