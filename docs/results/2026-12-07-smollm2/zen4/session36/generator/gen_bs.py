@@ -1,5 +1,9 @@
 """Zen 4: generator tokens/s by batch size and dtype, interleaved, same prompts."""
-import sys, time, torch
+import sys
+import time
+
+import torch
+
 from headway.config import load_config
 from headway.data.generate import generate_batch
 from headway.data.sources import benchmark_prompts

@@ -1,9 +1,11 @@
 import torch
 from torch.profiler import ProfilerActivity, profile
+
 from headway.config import load_config
 from headway.data.generate import generate_batch
 from headway.data.sources import benchmark_prompts
 from headway.target import load_target, stop_token_ids
+
 cfg = load_config("configs/smollm2-135m/data.yaml")
 model, tok = load_target(cfg.target)
 eos = stop_token_ids(model, tok)
