@@ -17,8 +17,10 @@ and checked against the evaluation questions.
 
 Every stage streams through the continuous-batching generator (headway.data.generate.answer_stream):
 rows are refilled as candidates finish and are dropped, so a batch drains once per stage, not once per
-fixed-size call. Candidates carry their own seeds and are judged in index order, so what is kept does
-not depend on the batch size or on which rows finish first.
+fixed-size call, and the first turns of all the mix's self_written sources share one stream (a 2-core
+Zen 4 wrote the quickstart's five sources in 97-103 s, against 144-148 s one source after another).
+Candidates carry their own seeds and are judged in each source's index order, so what is kept does not
+depend on the batch size, on the other sources, or on which rows finish first.
 
 The result is cached in <data.output_dir>/self_written/<source>.json, progress saved every SAVE_EVERY
 judged turns: the folder's identity already holds the source settings and the target, so an
@@ -31,6 +33,7 @@ import json
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from headway.config import DataConfig, SourceConfig
@@ -110,9 +113,10 @@ class PromptWriter:
         self.skipped: Counter = Counter()  # rejected written turns, by source and reason
 
     def __call__(self, src: SourceConfig, name: str, n: int) -> list[Written]:
-        done = self.cache_dir / f"{name}.json"
+        done = self._done(name)
         if not done.is_file():
-            self._write(src, name, n, done)
+            # The mix's other unwritten self_written sources are written with it: their first turns share one stream.
+            self.write([(src, name, n), *(w for w in self.pending() if w[1] != name)])
         result = json.loads(done.read_text())
         self.skipped.update({f"{name}: written turn dropped, {k}": v for k, v in result["rejected"].items()})
         convs = result["conversations"]
@@ -121,9 +125,42 @@ class PromptWriter:
         answers = result.get("first_answers", [None] * len(convs))  # a folder from before: none kept
         return [Written(turns, a) for turns, a in zip(convs, answers, strict=True)]
 
+    def pending(self) -> list[tuple[SourceConfig, str, int]]:
+        """(source, name, prompts wanted) of each self_written source of the mix not written yet."""
+        from headway.data.sources import prompts_wanted, source_name
+
+        wanted = [(src, source_name(src), prompts_wanted(self.data, src)) for src in self.data.sources]
+        return [
+            (src, name, n)
+            for src, name, n in wanted
+            if src.kind == "self_written" and not src.path and n and not self._done(name).is_file()
+        ]
+
+    def _done(self, name: str) -> Path:
+        return self.cache_dir / f"{name}.json"
+
     # ------------------------------------------------------------ writing
 
-    def _write(self, src: SourceConfig, name: str, n: int, done: Path) -> None:
+    def write(self, wanted: list[tuple[SourceConfig, str, int]]) -> None:
+        """Writes and caches the conversations of each (source, name, prompts wanted): every source's first
+        turns in one stream, then each multi-turn source's answers and follow-ups."""
+        sources = [self._open(src, name, n) for src, name, n in wanted]
+        self._first_turns(sources)
+        for s in sources:
+            result = {"conversations": [[t] for t in s.state["first"]]}
+            if s.src.turns > 1:
+                self._follow_ups(s.src, s.name, s.state, s.turns, s.rejected, s.save)
+                chats = s.state["chats"]
+                result["conversations"] = [[m["content"] for m in c if m["role"] == "user"] for c in chats]
+                # The first answer, where a next turn follows it: the distiller feeds it instead of answering again.
+                result["first_answers"] = [c[1]["answer"] if len(c) > 2 else None for c in chats]
+            _save(self._done(s.name), {**result, "rejected": dict(s.rejected)})
+            s.save.path.unlink(missing_ok=True)
+            dropped = sum(s.rejected.values())
+            self.log(f"{s.name}: {len(result['conversations'])} self-written conversations ({dropped} written turns dropped)")
+
+    def _open(self, src: SourceConfig, name: str, n: int) -> _Source:
+        """The source's writing state: fresh, or read back from its progress file."""
         progress_path = self.cache_dir / f"{name}.progress.json"
         state = {"next": 0, "first": [], "rejected": {}}
         if progress_path.is_file():
@@ -134,53 +171,41 @@ class PromptWriter:
         rejected, turns = Counter(state["rejected"]), TurnFilter(src)
         for t in state["first"]:
             turns.keep(t)
-        save = _Saver(progress_path, state, rejected)
-        self._first_turns(src, name, n, state, turns, rejected, save)
-        result = {"conversations": [[t] for t in state["first"]]}
-        if src.turns > 1:
-            self._follow_ups(src, name, state, turns, rejected, save)
-            chats = state["chats"]
-            result["conversations"] = [[m["content"] for m in c if m["role"] == "user"] for c in chats]
-            # The first answer, where a next turn follows it: the distiller feeds it instead of answering again.
-            result["first_answers"] = [c[1]["answer"] if len(c) > 2 else None for c in chats]
-        _save(done, {**result, "rejected": dict(rejected)})
-        progress_path.unlink(missing_ok=True)
-        self.log(f"{name}: {len(result['conversations'])} self-written conversations ({sum(rejected.values())} written turns dropped)")
+        return _Source(src, name, n, state, turns, rejected, _Saver(progress_path, state, rejected))
 
-    def _first_turns(self, src, name, n, state, turns: TurnFilter, rejected: Counter, save: _Saver) -> None:
-        """Candidate first turns streamed through the generator until n are usable.
+    def _first_turns(self, sources: list[_Source]) -> None:
+        """Candidate first turns of every source streamed through the generator until each has n usable.
 
-        Candidate c is sampled with its own seed and judged in index order, whatever order the rows
-        finish in, so the prompts kept do not depend on the batch size or on where a run was resumed.
-        At most n - kept candidates are in flight (each could be the last one needed), so rows are
-        refilled while candidates are being dropped and the batch drains once per source, not per call.
+        Candidate c of a source is sampled with its own seed and judged in that source's index order,
+        whatever order the rows finish in, so the prompts kept depend neither on the batch size, nor on
+        the sources sharing the stream, nor on where a run was resumed. Sources sampled alike share one
+        stream, so the batch drains once for all of them, not once per source. A row that frees takes
+        the next candidate of the first source still wanting one (rows keep its system turn's keys).
+        A source has at most its missing prompts in flight (each could be the last one needed), so no
+        candidate is written in excess; one that fails after the stream ran dry costs another round.
         """
-        prefix, closing = user_turn_prefix(self.tok, system=src.task)
-        prefix_ids = self.tok(prefix, add_special_tokens=False)["input_ids"]
-        limit = MAX_TRIES * n  # candidates written before the source gives up
+        while short := [s for s in sources if s.short()]:
+            streams: dict[tuple, list[_Source]] = {}
+            for s in short:
+                closing = user_turn_prefix(self.tok, system=s.src.task)[1]
+                streams.setdefault((s.src.temperature, s.src.top_p, s.src.max_tokens, closing), []).append(s)
+            for (*_, closing), group in streams.items():
+                rounds = [_FirstTurnRound(s, self.tok, self._seed, self.log) for s in group]
+                issued: list[tuple[_FirstTurnRound, int]] = []
 
-        def take(c: int, text: str | None) -> None:
-            if len(state["first"]) >= n:
-                return  # written after the source had enough: not judged
-            state["next"] = c + 1
-            if turns.admit(text, rejected):
-                state["first"].append(text)
+                def candidates(rounds=rounds, issued=issued):
+                    while (r := next((r for r in rounds if r.wants()), None)) is not None:
+                        turn, c = r.issue()
+                        issued.append((r, c))
+                        yield turn
 
-        def checkpoint() -> None:
-            save()
-            self.log(f"{name}: {len(state['first'])} of {n} first turns written ({sum(rejected.values())} dropped)")
+                def judge(i: int, text: str | None, issued=issued) -> None:
+                    r, c = issued[i]
+                    r.judged(c, text)
 
-        while len(state["first"]) < n and state["next"] < limit:
-            judged = _InOrder(take, checkpoint, start=state["next"])
-
-            def candidates(judged=judged):
-                c = judged.next
-                while len(state["first"]) + (c - judged.next) < n and c < limit:
-                    yield Turn(prefix_ids, self._seed(name, "first", c))
-                    c += 1
-
-            self._sample(candidates(), closing, src, judged.offset(judged.next))
-            save()
+                self._sample(candidates(), closing, group[0].src, judge)
+                for s in group:
+                    s.save()
 
     def _follow_ups(self, src, name, state, turns: TurnFilter, rejected: Counter, save: _Saver) -> None:
         """Answer every conversation, then let the target write each one's next user turn, turn after turn.
@@ -269,6 +294,60 @@ class PromptWriter:
         return zlib.crc32(f"{self.data.seed}:{name}:{stage}:{step}".encode())
 
 
+@dataclass
+class _Source:
+    """A self_written source being written: what it wants, its progress (saved by `save`), its filter."""
+
+    src: SourceConfig
+    name: str
+    n: int
+    state: dict  # next: candidates judged; first: usable first turns; then chats, tries (multi-turn)
+    turns: TurnFilter
+    rejected: Counter
+    save: _Saver
+
+    def short(self) -> bool:
+        """Fewer usable first turns than wanted, and candidates left to try."""
+        return len(self.state["first"]) < self.n and self.state["next"] < MAX_TRIES * self.n
+
+
+class _FirstTurnRound:
+    """One source's candidates in one first-turn stream: issued while they may be needed, judged in order."""
+
+    def __init__(self, source: _Source, tok, seed: Callable[[str, str, int], int], log):
+        self.source, self.seed, self.log = source, seed, log
+        prefix, _ = user_turn_prefix(tok, system=source.src.task)
+        self.prefix_ids = tok(prefix, add_special_tokens=False)["input_ids"]
+        self.order = _InOrder(self._take, self._checkpoint, start=source.state["next"])
+        self.next = source.state["next"]  # the next candidate to issue
+
+    def wants(self) -> bool:
+        s = self.source
+        missing = s.n - len(s.state["first"])
+        in_flight = self.next - self.order.next
+        return self.next < MAX_TRIES * s.n and in_flight < missing
+
+    def issue(self) -> tuple[Turn, int]:
+        c, self.next = self.next, self.next + 1
+        return Turn(self.prefix_ids, self.seed(self.source.name, "first", c)), c
+
+    def judged(self, c: int, text: str | None) -> None:
+        self.order(c, text)
+
+    def _take(self, c: int, text: str | None) -> None:
+        s = self.source
+        if len(s.state["first"]) >= s.n:
+            return  # written after the source had enough: not judged
+        s.state["next"] = c + 1
+        if s.turns.admit(text, s.rejected):
+            s.state["first"].append(text)
+
+    def _checkpoint(self) -> None:
+        s = self.source
+        s.save()
+        self.log(f"{s.name}: {len(s.state['first'])} of {s.n} first turns written ({sum(s.rejected.values())} dropped)")
+
+
 class _InOrder:
     """Hands streamed results to `take(i, value)` in index order, whatever order they arrive in, and
     calls `checkpoint()` after every SAVE_EVERY-th index taken."""
@@ -283,10 +362,6 @@ class _InOrder:
             self.next += 1
             if self.next % SAVE_EVERY == 0:
                 self.checkpoint()
-
-    def offset(self, base: int) -> Callable:
-        """The same, for a stream whose item 0 is index `base`."""
-        return lambda i, value: self(base + i, value)
 
 
 class _Saver:

@@ -155,6 +155,14 @@ def source_turns(
     return None if writer is None else writer(src, name, n)
 
 
+def prompts_wanted(cfg: DataConfig, src: SourceConfig) -> int | None:
+    """How many prompts the mix takes from `src`: its num_prompts capped by max_prompts_per_source (None: all)."""
+    n = src.num_prompts
+    if cfg.max_prompts_per_source is not None:
+        n = cfg.max_prompts_per_source if n is None else min(n, cfg.max_prompts_per_source)
+    return n
+
+
 def load_conversations(cfg: DataConfig, writer: PromptWriter | None = None) -> tuple[list[Conversation], Counter]:
     """Every source's sampled conversations, in a deterministic order, and why prompts were dropped.
 
@@ -171,9 +179,7 @@ def load_conversations(cfg: DataConfig, writer: PromptWriter | None = None) -> t
     convs: list[Conversation] = []
     skipped: Counter = Counter()
     for src, name in zip(cfg.sources, names, strict=True):
-        n = src.num_prompts
-        if cfg.max_prompts_per_source is not None:
-            n = cfg.max_prompts_per_source if n is None else min(n, cfg.max_prompts_per_source)
+        n = prompts_wanted(cfg, src)
         candidates = source_turns(src, name, n, cfg.seed, writer)
         if candidates is None:
             skipped[f"{name}: self_written source skipped (no target to write its prompts)"] += 1

@@ -9,7 +9,7 @@
 # Outputs go under runs/quickstart/ (override with QUICKSTART_DIR). Rerunning resumes finished work.
 source "$(dirname "$0")/_env.sh"
 OUT=${QUICKSTART_DIR:-runs/quickstart}
-PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-52}   # 64 took 860-973 s on the 2-core model-167 Xeons; on a 2-core Zen 4 56 took 922 s, 50 928 s (at batch 256)
+PROMPTS_PER_SOURCE=${PROMPTS_PER_SOURCE:-52}   # 64 took 860-973 s on the 2-core model-167 Xeons; on a 2-core Zen 4 56 took 922 s (batch 128), 50 928 s (batch 256)
 EPOCHS=${EPOCHS:-6}   # over the recipe's 4,096-id draft vocabulary: head-1 0.374 in 160 s (8,192 x 4: 0.357, ~150 s)
 EVAL_PER_DOMAIN=${EVAL_PER_DOMAIN:-3}
 EVAL_TOKENS=${EVAL_TOKENS:-64}

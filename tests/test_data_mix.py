@@ -102,10 +102,10 @@ class FakeStream:
                 on_answer(i, answer)
 
 
-def _writer(tmp_path, tok, **gen):
+def _writer(tmp_path, tok, sources=(), **gen):
     model = torch.nn.Linear(1, 1)  # never called: FakeStream answers
     model.generation_config = type("G", (), {"eos_token_id": 2})()
-    data = DataConfig(output_dir=str(tmp_path), generation=GenerationConfig(**gen), seed=0)
+    data = DataConfig(output_dir=str(tmp_path), sources=list(sources), generation=GenerationConfig(**gen), seed=0)
     return PromptWriter(model, tok, tmp_path / "self_written", data, log=lambda *_: None)
 
 
@@ -144,6 +144,24 @@ def test_the_prompts_kept_do_not_depend_on_the_order_rows_finish_in(tmp_path, sm
         monkeypatch.setattr(magpie, "answer_stream", FakeStream(smol_tok, rows=rows))
         written.append(_writer(tmp_path / str(rows), smol_tok)(src, "chat", 7))
     assert written[0] == written[1] and len(written[0]) == 7
+
+
+def test_the_mix_s_sources_share_a_stream_and_write_what_each_would_alone(tmp_path, smol_tok, monkeypatch):
+    chat = SourceConfig(domain="chat", kind="self_written", name="chat", num_prompts=5, turns=2, min_words=3, max_words=30)
+    asks = SourceConfig(domain="qa", kind="self_written", name="asks", num_prompts=4, min_words=3, max_words=30, task="Ask.")
+    alone = {}
+    for src in (chat, asks):
+        monkeypatch.setattr(magpie, "answer_stream", FakeStream(smol_tok))
+        alone[src.name] = _writer(tmp_path / src.name, smol_tok)(src, src.name, src.num_prompts)
+    fake = FakeStream(smol_tok, rows=8)
+    monkeypatch.setattr(magpie, "answer_stream", fake)
+    writer = _writer(tmp_path / "mix", smol_tok, sources=[chat, asks])
+    assert writer(asks, "asks", 4) == alone["asks"], "a source keeps what it would alone"
+    assert (tmp_path / "mix" / "self_written" / "chat.json").is_file(), "the mix's other source was written with it"
+    streams = fake.calls
+    assert writer(chat, "chat", 5) == alone["chat"] and fake.calls == streams, "... and is read back, not written again"
+    steered = smol_tok(user_turn_prefix(smol_tok, system="Ask.")[0], add_special_tokens=False)["input_ids"]
+    assert steered in fake.prompts[:8] and any(p != steered for p in fake.prompts[:8]), "the first stream mixes both"
 
 
 @pytest.mark.parametrize("turns", [1, 2])
