@@ -2,6 +2,7 @@
 (the writer's default) against one source after another, modes interleaved over rounds.
 
     ROUNDS=2 python docs/results/2026-12-07-smollm2/zen4/session37/bench_magpie.py shared,alone [prompts_per_source]
+    python docs/results/2026-12-07-smollm2/zen4/session37/bench_magpie.py shared,alone 0   # the full mix
 
 Modes: shared (all sources' first turns in one stream: the writer's default), alone (one source after
 another: what the writer did before).
@@ -20,13 +21,11 @@ from headway.data.magpie import PromptWriter
 from headway.target import load_target
 
 modes = sys.argv[1].split(",")
-per_source = int(sys.argv[2]) if len(sys.argv) > 2 else 52
-cfg = load_config(
-    "configs/smollm2-135m/data.yaml",
-    [f"data.max_prompts_per_source={per_source}", "data.generation.max_new_tokens=128", "data.generation.batch_size=128"],
-)
+per_source = int(sys.argv[2]) if len(sys.argv) > 2 else 52  # 0: the full default mix, as configured
+quickstart = [f"data.max_prompts_per_source={per_source}", "data.generation.max_new_tokens=128", "data.generation.batch_size=128"]
+cfg = load_config("configs/smollm2-135m/data.yaml", quickstart if per_source else [])
 model, tok = load_target(cfg.target)
-print(f"{per_source} prompts per source, batch {cfg.data.generation.batch_size}, {model.dtype}, threads {torch.get_num_threads()}", flush=True)
+print(f"{per_source or 'all'} prompts per source, batch {cfg.data.generation.batch_size}, {model.dtype}, threads {torch.get_num_threads()}", flush=True)
 written = {}
 for rnd in range(int(os.environ.get("ROUNDS", 1))):
     for mode in modes if rnd % 2 == 0 else modes[::-1]:
