@@ -171,7 +171,9 @@ class PromptWriter:
         rejected, turns = Counter(state["rejected"]), TurnFilter(src)
         for t in state["first"]:
             turns.keep(t)
-        return _Source(src, name, n, state, turns, rejected, _Saver(progress_path, state, rejected))
+        prefix, closing = user_turn_prefix(self.tok, system=src.task)
+        prefix_ids = self.tok(prefix, add_special_tokens=False)["input_ids"]
+        return _Source(src, name, n, state, turns, rejected, _Saver(progress_path, state, rejected), prefix_ids, closing)
 
     def _first_turns(self, sources: list[_Source]) -> None:
         """Candidate first turns of every source streamed through the generator until each has n usable.
@@ -187,10 +189,9 @@ class PromptWriter:
         while short := [s for s in sources if s.short()]:
             streams: dict[tuple, list[_Source]] = {}
             for s in short:
-                closing = user_turn_prefix(self.tok, system=s.src.task)[1]
-                streams.setdefault((s.src.temperature, s.src.top_p, s.src.max_tokens, closing), []).append(s)
+                streams.setdefault((s.src.temperature, s.src.top_p, s.src.max_tokens, s.closing), []).append(s)
             for (*_, closing), group in streams.items():
-                rounds = [_FirstTurnRound(s, self.tok, self._seed, self.log) for s in group]
+                rounds = [_FirstTurnRound(s, self._seed, self.log) for s in group]
                 issued: list[tuple[_FirstTurnRound, int]] = []
 
                 def candidates(rounds=rounds, issued=issued):
@@ -305,19 +306,24 @@ class _Source:
     turns: TurnFilter
     rejected: Counter
     save: _Saver
+    prefix_ids: list[int]  # the template up to a user turn's text (with the source's task as system turn)
+    closing: str  # the template's text closing a user turn
+
+    @property
+    def limit(self) -> int:
+        """Candidates written before the source gives up."""
+        return MAX_TRIES * self.n
 
     def short(self) -> bool:
         """Fewer usable first turns than wanted, and candidates left to try."""
-        return len(self.state["first"]) < self.n and self.state["next"] < MAX_TRIES * self.n
+        return len(self.state["first"]) < self.n and self.state["next"] < self.limit
 
 
 class _FirstTurnRound:
     """One source's candidates in one first-turn stream: issued while they may be needed, judged in order."""
 
-    def __init__(self, source: _Source, tok, seed: Callable[[str, str, int], int], log):
+    def __init__(self, source: _Source, seed: Callable[[str, str, int], int], log):
         self.source, self.seed, self.log = source, seed, log
-        prefix, _ = user_turn_prefix(tok, system=source.src.task)
-        self.prefix_ids = tok(prefix, add_special_tokens=False)["input_ids"]
         self.order = _InOrder(self._take, self._checkpoint, start=source.state["next"])
         self.next = source.state["next"]  # the next candidate to issue
 
@@ -325,11 +331,11 @@ class _FirstTurnRound:
         s = self.source
         missing = s.n - len(s.state["first"])
         in_flight = self.next - self.order.next
-        return self.next < MAX_TRIES * s.n and in_flight < missing
+        return self.next < s.limit and in_flight < missing
 
     def issue(self) -> tuple[Turn, int]:
         c, self.next = self.next, self.next + 1
-        return Turn(self.prefix_ids, self.seed(self.source.name, "first", c)), c
+        return Turn(self.source.prefix_ids, self.seed(self.source.name, "first", c)), c
 
     def judged(self, c: int, text: str | None) -> None:
         self.order(c, text)
